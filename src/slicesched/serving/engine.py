@@ -1,0 +1,322 @@
+"""Per-tenant continuous batching (vLLM-style iteration-level scheduling).
+
+A driver (the simulator or the real executor) owns the clock and the devices; a ``TenantEngine``
+owns one tenant's queues and KV blocks. The protocol, per tenant:
+
+    engine.add_request(req, now)          # when the request arrives
+    batch = engine.next_batch(now)        # when the tenant can start an iteration; None = nothing
+    ...driver runs the batch's iteration...
+    done = engine.on_batch_done(batch, now)  # when it completed; returns requests that finished
+    engine.preempt_all(now)               # instead of on_batch_done, when the device reported OOM
+
+Scheduling in ``next_batch`` (vLLM v1 + Sarathi chunked prefill):
+
+1. running requests in their decode phase get one token each, oldest arrival first; when the KV
+   pool cannot grow one, the most recently arrived running request not yet in this batch is
+   preempted by recomputation (blocks freed, back to the waiting queue's front, prefill restarts);
+   if that is the request itself it preempts itself;
+2. running requests part-way through a chunked prefill get their next chunk from the remaining
+   token budget, with the same preemption rule;
+3. waiting requests are admitted first-come first-served while ``max_num_seqs``, the token budget
+   and the free blocks allow; admission never preempts, and stops at the first request that does
+   not fit (no overtaking). Without chunked prefill a request needs its whole prefill in one batch.
+
+Per-iteration work is O(running requests + batch), no pandas, no numpy in the loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slicesched.serving.kv_cache import KVBlockManager
+from slicesched.serving.request import Request, RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One iteration of one tenant: what the graph builder turns into ops.
+
+    Entry ``i`` computes ``num_new_tokens[i]`` tokens of request ``req_ids[i]`` on top of
+    ``context_lens_before[i]`` tokens already in its KV cache; attention for it spans
+    ``context_lens[i] = context_lens_before[i] + num_new_tokens[i]`` keys. ``is_prefill[i]`` is
+    False exactly for single-token decode steps.
+    """
+
+    tenant: str
+    iteration: int
+    req_ids: tuple[int, ...]
+    num_new_tokens: tuple[int, ...]
+    context_lens_before: tuple[int, ...]
+    is_prefill: tuple[bool, ...]
+    num_prefill_tokens: int = field(init=False)
+    num_decode_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.req_ids)
+        if not (len(self.num_new_tokens) == len(self.context_lens_before) == len(self.is_prefill) == n):
+            raise ValueError("Batch entry tuples must have equal lengths")
+        pre = sum(t for t, p in zip(self.num_new_tokens, self.is_prefill) if p)
+        object.__setattr__(self, "num_prefill_tokens", pre)
+        object.__setattr__(self, "num_decode_tokens", sum(self.num_new_tokens) - pre)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def context_lens(self) -> np.ndarray:
+        """Total context (keys) each entry attends over after this step, int64."""
+        return np.add(self.context_lens_before, self.num_new_tokens, dtype=np.int64)
+
+    def as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(num_new_tokens, context_lens_before, is_prefill) as numpy arrays for cost models."""
+        return (np.asarray(self.num_new_tokens, dtype=np.int64),
+                np.asarray(self.context_lens_before, dtype=np.int64),
+                np.asarray(self.is_prefill, dtype=bool))
+
+
+class _Draft:
+    """The batch being assembled inside one ``next_batch`` call."""
+
+    __slots__ = ("ids", "new", "ctx", "pre", "taken", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self.ids: list[int] = []
+        self.new: list[int] = []
+        self.ctx: list[int] = []
+        self.pre: list[bool] = []
+        self.taken: set[int] = set()
+        self.budget = budget
+
+    def add(self, req: Request, n: int, prefill: bool) -> None:
+        self.ids.append(req.id)
+        self.new.append(n)
+        self.ctx.append(req.num_computed_tokens)
+        self.pre.append(prefill)
+        self.taken.add(req.id)
+        self.budget -= n
+
+
+def _arrival_key(req: Request) -> tuple[float, int]:
+    return (req.arrival_s, req.id)
+
+
+class TenantEngine:
+    """Queues, KV blocks and batch formation for one tenant; see the module docstring."""
+
+    def __init__(self, tenant: str, kv: KVBlockManager, max_batch_tokens: int, max_num_seqs: int,
+                 chunked_prefill: bool = True, *, max_inflight_batches: int = 1,
+                 max_model_len: int | None = None) -> None:
+        """``max_model_len`` caps prompt + output tokens of one request (vLLM's meaning): a longer
+        prompt is refused, a longer output is cut there (``Request.truncated``). It defaults to
+        the KV pool's size, and without chunked prefill also to ``max_batch_tokens``, because a
+        request must be able to run alone or its prefill to fit one batch, or it would never end.
+        """
+        if max_batch_tokens < 1 or max_num_seqs < 1 or max_inflight_batches < 1:
+            raise ValueError("max_batch_tokens, max_num_seqs, max_inflight_batches must be >= 1")
+        limit = kv.capacity_tokens if chunked_prefill else min(kv.capacity_tokens, max_batch_tokens)
+        if max_model_len is None:
+            max_model_len = limit
+        if not 1 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len must be in [1, {limit}] (KV pool"
+                             f"{'' if chunked_prefill else ' and max_batch_tokens'}), got {max_model_len}")
+        self.tenant = tenant
+        self.kv = kv
+        self.max_batch_tokens = max_batch_tokens
+        self.max_num_seqs = max_num_seqs
+        self.chunked_prefill = chunked_prefill
+        self.max_inflight_batches = max_inflight_batches
+        self.max_model_len = max_model_len
+        self.num_preemptions = 0  # all preemptions, KV pressure and OOM
+        self.num_oom_preemptions = 0  # those caused by preempt_all
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # sorted by (arrival_s, id)
+        self._live: dict[int, Request] = {}  # every unfinished request, by id
+        self._inflight: dict[int, Batch] = {}  # by iteration index
+        self._busy: set[int] = set()  # ids in some in-flight batch
+        self._iteration = 0
+
+    # ---- driver interface -------------------------------------------------------------------
+
+    def add_request(self, req: Request, now: float) -> None:
+        """Queue a newly arrived request (the driver calls this at its arrival time ``now``)."""
+        if req.tenant != self.tenant:
+            raise ValueError(f"request {req.id} of tenant {req.tenant!r} sent to engine {self.tenant!r}")
+        if req.id in self._live:
+            raise ValueError(f"request {req.id} already queued in engine {self.tenant!r}")
+        if req.prompt_tokens > self.max_model_len:
+            raise ValueError(f"request {req.id}: prompt of {req.prompt_tokens} tokens exceeds "
+                             f"max_model_len {self.max_model_len}")
+        if req.state is not RequestState.WAITING or req.num_computed_tokens or req.num_generated:
+            raise ValueError(f"request {req.id} is not fresh (state {req.state})")
+        self._live[req.id] = req
+        self._waiting.append(req)
+
+    def has_work(self) -> bool:
+        """True while some request is waiting or running (in flight or not)."""
+        return bool(self._waiting) or bool(self._running)
+
+    def next_batch(self, now: float) -> Batch | None:
+        """Form the next iteration, or None when nothing can run now.
+
+        The driver calls it whenever the tenant may start an iteration: after ``on_batch_done``,
+        after an arrival while idle, or (with ``max_inflight_batches`` > 1) while other batches
+        of this tenant are still running. Requests in an in-flight batch are skipped.
+        """
+        if len(self._inflight) >= self.max_inflight_batches:
+            return None
+        draft = _Draft(self.max_batch_tokens)
+        self._schedule_running(draft, decodes=True)
+        self._schedule_running(draft, decodes=False)
+        self._admit_waiting(draft, now)
+        if not draft.ids:
+            return None
+        self._iteration += 1
+        batch = Batch(self.tenant, self._iteration, tuple(draft.ids), tuple(draft.new),
+                      tuple(draft.ctx), tuple(draft.pre))
+        self._inflight[batch.iteration] = batch
+        self._busy.update(draft.ids)
+        return batch
+
+    def on_batch_done(self, batch: Batch, now: float) -> list[Request]:
+        """Apply a completed batch at time ``now``; return the requests it finished.
+
+        The driver calls it once per batch when the iteration's last op completes. Prefill chunks
+        advance; the step that completes a request's pending tokens emits one token at ``now``.
+        A batch dropped by ``preempt_all`` is ignored (returns []).
+        """
+        if self._inflight.pop(batch.iteration, None) is None:
+            return []
+        finished: list[Request] = []
+        live, busy = self._live, self._busy
+        for rid, n in zip(batch.req_ids, batch.num_new_tokens):
+            busy.discard(rid)
+            req = live[rid]
+            req.num_computed_tokens += n
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk short of the end emits nothing
+            req.emit_token(now)
+            if req.num_generated >= req.output_tokens or req.num_tokens > self.max_model_len:
+                self._finish(req, now)
+                finished.append(req)
+        if finished:
+            self._running = [r for r in self._running if r.state is RequestState.RUNNING]
+        return finished
+
+    def preempt_all(self, now: float) -> int:
+        """Preempt every running request by recomputation; returns how many.
+
+        The driver calls it when the tenant's device reported an OOM: in-flight batches are
+        dropped (their ``on_batch_done`` becomes a no-op) and their progress is lost.
+        """
+        self._inflight.clear()
+        self._busy.clear()
+        n = len(self._running)
+        for i in range(n - 1, -1, -1):  # newest first, so the oldest ends up at the queue front
+            self._preempt(i)
+        self.num_oom_preemptions += n
+        return n
+
+    # ---- introspection ----------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def iteration(self) -> int:
+        """Index of the last batch formed (batches are numbered from 1)."""
+        return self._iteration
+
+    # ---- scheduling steps -------------------------------------------------------------------
+
+    def _schedule_running(self, draft: _Draft, decodes: bool) -> None:
+        """Give running requests of one phase their step, oldest first, preempting on KV need."""
+        running, busy = self._running, self._busy
+        i = 0
+        while i < len(running) and draft.budget > 0:
+            req = running[i]
+            if req.id in busy or req.id in draft.taken or req.in_prefill == decodes:
+                i += 1
+                continue
+            n = 1 if decodes else self._chunk(req.num_tokens - req.num_computed_tokens, draft.budget)
+            if n == 0:
+                i += 1
+            elif self._reserve(i, req.num_computed_tokens + n, draft):
+                draft.add(req, n, prefill=not decodes)
+                i += 1
+            # else: running[i] preempted itself; the next request now sits at index i
+
+    def _admit_waiting(self, draft: _Draft, now: float) -> None:
+        """Admit waiting requests FCFS while seats, token budget and free blocks allow."""
+        waiting, kv = self._waiting, self.kv
+        while waiting and draft.budget > 0 and len(self._running) < self.max_num_seqs:
+            req = waiting[0]
+            n = self._chunk(req.num_tokens, draft.budget)
+            if n == 0 or not kv.allocate(req.id, n):
+                return
+            waiting.popleft()
+            req.state = RequestState.RUNNING
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now
+            bisect.insort(self._running, req, key=_arrival_key)
+            draft.add(req, n, prefill=True)
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Prefill tokens to schedule now: a chunk, or all-or-nothing without chunked prefill."""
+        if self.chunked_prefill:
+            return min(remaining, budget)
+        return remaining if remaining <= budget else 0
+
+    def _reserve(self, i: int, n_tokens: int, draft: _Draft) -> bool:
+        """Grow ``running[i]`` to ``n_tokens``, preempting newer requests; False if it lost its own."""
+        rid = self._running[i].id
+        while not self.kv.allocate(rid, n_tokens):
+            victim = self._pick_victim(i, draft)
+            self._preempt(victim)
+            if victim == i:
+                return False
+        return True
+
+    def _pick_victim(self, i: int, draft: _Draft) -> int:
+        """Index of the most recently arrived running request that is neither in flight nor in
+        this draft; ``running[i]`` itself qualifies, so the search always succeeds."""
+        running, busy, taken = self._running, self._busy, draft.taken
+        for j in range(len(running) - 1, i, -1):
+            rid = running[j].id
+            if rid not in busy and rid not in taken:
+                return j
+        return i
+
+    def _preempt(self, idx: int) -> None:
+        """Preempt ``running[idx]`` by recomputation: free blocks, requeue at the front."""
+        req = self._running.pop(idx)
+        self.kv.free(req.id)
+        req.num_computed_tokens = 0
+        req.state = RequestState.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(req)
+
+    def _finish(self, req: Request, now: float) -> None:
+        req.state = RequestState.FINISHED
+        req.finish_s = now
+        req.truncated = req.num_generated < req.output_tokens
+        self.kv.free(req.id)
+        del self._live[req.id]

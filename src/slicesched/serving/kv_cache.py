@@ -1,0 +1,90 @@
+"""Paged KV-cache block accounting for one tenant engine.
+
+The caller (replay setup) sizes the pool from the device memory left after weights with
+``blocks_for`` and gives one ``KVBlockManager`` to each ``TenantEngine``. The engine is the only
+writer: it grows a request's allocation before each step and frees it on finish or preemption.
+Running out is an ordinary outcome that the engine answers by preempting, so ``allocate`` returns
+False instead of raising (as vLLM's ``kv_cache_manager`` returns None).
+
+Only block counts are kept, not block ids: nothing downstream needs physical block numbers, and
+counts keep every call O(1). Blocks are whole, so a request holding ``n`` tokens uses
+``ceil(n / block_tokens)`` blocks, which is the fragmentation paging really has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+
+def blocks_for(capacity_bytes: float, kv_bytes_per_token: float, block_tokens: int = 16) -> int:
+    """Number of whole KV blocks that fit in ``capacity_bytes`` (memory left after weights)."""
+    if kv_bytes_per_token <= 0 or block_tokens <= 0:
+        raise ValueError("kv_bytes_per_token and block_tokens must be positive")
+    if capacity_bytes <= 0:
+        return 0
+    return int(capacity_bytes // (kv_bytes_per_token * block_tokens))
+
+
+class KVBlockManager:
+    """A fixed pool of ``num_blocks`` blocks of ``block_tokens`` tokens, allocated per request."""
+
+    __slots__ = ("num_blocks", "block_tokens", "_held", "_used")
+
+    def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
+        if num_blocks < 0 or block_tokens <= 0:
+            raise ValueError(f"need num_blocks >= 0 and block_tokens > 0, got {num_blocks}, {block_tokens}")
+        self.num_blocks = num_blocks
+        self.block_tokens = block_tokens
+        self._held: dict[Hashable, int] = {}
+        self._used = 0
+
+    def blocks_needed(self, n_tokens: int) -> int:
+        """Blocks that hold ``n_tokens`` tokens."""
+        return -(-n_tokens // self.block_tokens)
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks - self._used
+
+    @property
+    def used_blocks(self) -> int:
+        return self._used
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_tokens
+
+    def held(self, req_id: Hashable) -> int:
+        """Blocks ``req_id`` holds now (0 if none)."""
+        return self._held.get(req_id, 0)
+
+    def can_allocate(self, n_tokens: int, req_id: Hashable | None = None) -> bool:
+        """Whether ``allocate(req_id, n_tokens)`` would succeed now (a new request if None)."""
+        extra = self.blocks_needed(n_tokens) - self._held.get(req_id, 0)
+        return extra <= self.num_blocks - self._used
+
+    def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
+        """Make ``req_id`` hold room for ``n_tokens`` tokens in total (grows, never shrinks).
+
+        Returns False and changes nothing when the free blocks do not suffice.
+        """
+        need = -(-n_tokens // self.block_tokens)
+        have = self._held.get(req_id, 0)
+        if need <= have:
+            return True
+        extra = need - have
+        if extra > self.num_blocks - self._used:
+            return False
+        self._held[req_id] = need
+        self._used += extra
+        return True
+
+    def free(self, req_id: Hashable) -> int:
+        """Release every block of ``req_id``; returns how many (0 if it held none)."""
+        n = self._held.pop(req_id, 0)
+        self._used -= n
+        return n
+
+    def __repr__(self) -> str:
+        return (f"KVBlockManager(num_blocks={self.num_blocks}, block_tokens={self.block_tokens}, "
+                f"used={self._used}, requests={len(self._held)})")
