@@ -1,0 +1,311 @@
+"""The Global Mapping Graph: every live slice of every tenant, cluster-wide, in arrays.
+
+Each live iteration's `IterationGraph` keeps its op-level detail; the GMG adds the cluster-wide
+view the scheduler and simulator query many times a second: one row per slice with its
+tenant, iteration, dependencies, resource needs, device mapping, state and times, plus
+per-device busy history, memory counters and where each tenant's weight blocks are resident.
+
+Slice ids grow monotonically and index a ring of columns (id & mask), so retiring finished
+iterations costs nothing and the columns never need compaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from slicesched.gmg.builder import block_weight_bytes
+from slicesched.gmg.ops import IterationGraph
+from slicesched.hardware.cluster import Cluster, Container
+from slicesched.models.spec import ModelSpec
+
+
+class SliceState(IntEnum):
+    PENDING = 0  # waiting on predecessors
+    READY = 1  # predecessors done, not started
+    RUNNING = 2
+    DONE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class IterationHandle:
+    key: int
+    tenant: str
+    slice_base: int
+    num_slices: int
+
+    def slice_ids(self) -> range:
+        return range(self.slice_base, self.slice_base + self.num_slices)
+
+
+@dataclass(slots=True)
+class _LiveIteration:
+    graph: IterationGraph
+    base: int
+    remaining: int
+    succ_ptr: np.ndarray  # CSR over local slice ids
+    succ_idx: np.ndarray
+
+
+_FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_bytes", "kv_bytes")
+_INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
+             ("group", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
+
+
+class _Growable:
+    """An append-only float64 array pair per device (busy intervals), amortized O(1) append."""
+
+    __slots__ = ("start", "end", "n")
+
+    def __init__(self) -> None:
+        self.start = np.empty(64)
+        self.end = np.empty(64)
+        self.n = 0
+
+    def append(self, s: float, e: float) -> None:
+        if self.n == len(self.start):
+            self.start = np.resize(self.start, 2 * self.n)
+            self.end = np.resize(self.end, 2 * self.n)
+        self.start[self.n] = s
+        self.end[self.n] = e
+        self.n += 1
+
+
+class GlobalMappingGraph:
+    """Cluster-wide state of live operators. Mutated only by backends (simulator, executor);
+    schedulers read it."""
+
+    def __init__(self, cluster: Cluster, models: dict[str, ModelSpec], containers: dict[str, Container],
+                 capacity: int = 1 << 12) -> None:
+        self.cluster = cluster
+        self.models = dict(models)
+        self.containers = dict(containers)
+        self.tenants = list(models)
+        self.tenant_index = {t: i for i, t in enumerate(self.tenants)}
+        self._cap = 1 << max(int(capacity - 1).bit_length(), 4)
+        self._alloc_columns(self._cap)
+        self._next_id = 0
+        self._next_key = 0
+        self.iterations: dict[int, _LiveIteration] = {}
+        self._ready: set[int] = set()
+        n = cluster.num_devices
+        self.capacity_bytes = np.array([d.memory_bytes for d in cluster.device_specs], np.float64)
+        self.mem_weights = np.zeros(n)
+        self.mem_kv = np.zeros(n)
+        self.mem_act = np.zeros(n)
+        self.busy = [_Growable() for _ in range(n)]
+        self.running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
+        # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
+        self.resident = {t: np.zeros((2 * m.layers + 2, n)) for t, m in self.models.items()}
+
+    # ---- storage ---------------------------------------------------------------------
+    def _alloc_columns(self, cap: int) -> None:
+        self._cols = {c: np.zeros(cap) for c in _FLOAT_COLS}
+        self._cols.update({c: np.zeros(cap, dt) for c, dt in _INT_COLS})
+        self._mask = cap - 1
+
+    def _grow(self, need: int) -> None:
+        oldest = min((it.base for it in self.iterations.values()), default=self._next_id)
+        cap = self._cap
+        while cap < self._next_id + need - oldest:
+            cap *= 2
+        if cap == self._cap:
+            return
+        old, old_mask = self._cols, self._mask
+        self._alloc_columns(cap)
+        ids = np.arange(oldest, self._next_id)
+        for c, arr in old.items():
+            self._cols[c][ids & self._mask] = arr[ids & old_mask]
+        self._cap = cap
+
+    def col(self, name: str) -> np.ndarray:
+        """Raw ring column; index with `ids & gmg.mask`. For hot loops that cannot pay a call."""
+        return self._cols[name]
+
+    @property
+    def mask(self) -> int:
+        return self._mask
+
+    def get(self, name: str, ids: np.ndarray | int) -> np.ndarray:
+        return self._cols[name][np.asarray(ids) & self._mask]
+
+    # ---- iterations ------------------------------------------------------------------
+    def add_iteration(self, graph: IterationGraph, now: float = 0.0) -> IterationHandle:
+        """Register one forward pass; its first slices become ready at `now`."""
+        n = graph.num_slices
+        if self._next_id + n - min((it.base for it in self.iterations.values()), default=self._next_id) > self._cap:
+            self._grow(n)
+        base, key = self._next_id, self._next_key
+        self._next_id += n
+        self._next_key += 1
+        idx = np.arange(base, base + n) & self._mask
+        src, dst = graph.slice_deps()
+        preds = np.bincount(dst, minlength=n)
+        c = self._cols
+        c["tenant"][idx] = self.tenant_index[graph.tenant]
+        c["iteration"][idx] = key
+        c["local"][idx] = np.arange(n)
+        c["state"][idx] = np.where(preds == 0, SliceState.READY, SliceState.PENDING)
+        c["group"][idx] = -1
+        c["preds_left"][idx] = preds
+        c["ready_t"][idx] = np.where(preds == 0, now, np.inf)
+        c["start_t"][idx] = np.inf
+        c["end_t"][idx] = np.inf
+        c["flops"][idx] = graph.slice_sum(graph.flops)
+        c["weight_bytes"][idx] = graph.slice_sum(graph.weight_bytes)
+        c["out_bytes"][idx] = graph.out_bytes[graph.slice_first + graph.slice_count - 1]
+        c["kv_bytes"][idx] = graph.slice_sum(graph.kv_write_bytes)
+        c["wb_lo"][idx] = np.minimum.reduceat(graph.wblock, graph.slice_first)
+        c["wb_hi"][idx] = np.maximum.reduceat(graph.wblock, graph.slice_first)
+        order = np.argsort(src, kind="stable")
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+        self.iterations[key] = _LiveIteration(graph, base, n, ptr, dst[order].astype(np.int64))
+        self._ready.update(int(s) for s in np.flatnonzero(preds == 0) + base)
+        return IterationHandle(key, graph.tenant, base, n)
+
+    def iteration_of(self, slice_id: int) -> tuple[_LiveIteration, int]:
+        """The live iteration holding a slice and the slice's local index in its graph."""
+        i = slice_id & self._mask
+        return self.iterations[int(self._cols["iteration"][i])], int(self._cols["local"][i])
+
+    def successors(self, slice_id: int) -> np.ndarray:
+        it, local = self.iteration_of(slice_id)
+        return it.succ_idx[it.succ_ptr[local]: it.succ_ptr[local + 1]] + it.base
+
+    def retire(self, key: int) -> IterationGraph:
+        """Forget a finished iteration; its slice rows become free ring space."""
+        return self.iterations.pop(key).graph
+
+    # ---- mapping and state (called by backends) -------------------------------------------
+    def map(self, first: int, group: int, count: int = 1) -> None:
+        ids = np.arange(first, first + count) & self._mask
+        self._cols["group"][ids] = group
+
+    def start(self, slice_id: int, t: float) -> None:
+        i = slice_id & self._mask
+        self._cols["state"][i] = SliceState.RUNNING
+        self._cols["start_t"][i] = t
+        self._ready.discard(slice_id)
+        for d in self.cluster.group(int(self._cols["group"][i])):
+            self.running_on[d] = slice_id
+
+    def finish(self, slice_id: int, t: float) -> tuple[list[int], int | None]:
+        """Mark a slice done at `t`; returns (slices that became ready, finished iteration key or None)."""
+        c, i = self._cols, slice_id & self._mask
+        c["state"][i] = SliceState.DONE
+        c["end_t"][i] = t
+        start = float(c["start_t"][i])
+        for d in self.cluster.group(int(c["group"][i])):
+            self.busy[d].append(start, t)
+            if self.running_on[d] == slice_id:
+                self.running_on[d] = -1
+        it, local = self.iteration_of(slice_id)
+        succ = it.succ_idx[it.succ_ptr[local]: it.succ_ptr[local + 1]] + it.base
+        newly: list[int] = []
+        if len(succ):
+            si = succ & self._mask
+            c["preds_left"][si] -= 1
+            now_ready = succ[c["preds_left"][si] == 0]
+            if len(now_ready):
+                ri = now_ready & self._mask
+                c["state"][ri] = SliceState.READY
+                c["ready_t"][ri] = t
+                newly = now_ready.tolist()
+                self._ready.update(newly)
+        it.remaining -= 1
+        return newly, (int(c["iteration"][i]) if it.remaining == 0 else None)
+
+    # ---- cluster-wide queries ----------------------------------------------------------
+    def ready_slices(self) -> np.ndarray:
+        """Ready, not yet started slices (mapped or not), sorted by id."""
+        return np.fromiter(sorted(self._ready), np.int64, len(self._ready))
+
+    def unmapped_ready(self) -> np.ndarray:
+        r = self.ready_slices()
+        return r[self._cols["group"][r & self._mask] < 0]
+
+    def live_slices(self) -> np.ndarray:
+        """All slices of live iterations."""
+        if not self.iterations:
+            return np.zeros(0, np.int64)
+        return np.concatenate([np.arange(it.base, it.base + it.graph.num_slices) for it in self.iterations.values()])
+
+    def busy_intervals(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        b = self.busy[device]
+        return b.start[: b.n], b.end[: b.n]
+
+    def idle_intervals(self, t0: float, t1: float) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per device, the idle gaps inside [t0, t1] given finished and running work.
+
+        A running slice counts as busy until its predicted end if the backend set one
+        (`end_t`), else until t1.
+        """
+        out = []
+        ends = self._cols["end_t"]
+        for d, b in enumerate(self.busy):
+            k = int(np.searchsorted(b.end[: b.n], t0, side="right"))
+            s, e = b.start[k: b.n], b.end[k: b.n]
+            r = int(self.running_on[d])
+            if r >= 0:
+                re = float(ends[r & self._mask])
+                s = np.append(s, self._cols["start_t"][r & self._mask])
+                e = np.append(e, re if np.isfinite(re) else t1)
+            out.append(_gaps(s, e, t0, t1))
+        return out
+
+    # ---- memory ------------------------------------------------------------------------
+    def mem_used(self) -> np.ndarray:
+        """Bytes in use per device: weights + KV cache + live activations."""
+        return self.mem_weights + self.mem_kv + self.mem_act
+
+    def mem_free(self) -> np.ndarray:
+        return self.capacity_bytes - self.mem_used()
+
+    def add_weights(self, tenant: str, block: int, device: int, nbytes: float) -> None:
+        r = self.resident[tenant]
+        if r[block, device] == 0:
+            r[block, device] = nbytes
+            self.mem_weights[device] += nbytes
+
+    def evict_weights(self, tenant: str, block: int, device: int) -> float:
+        r = self.resident[tenant]
+        nbytes = float(r[block, device])
+        r[block, device] = 0.0
+        self.mem_weights[device] -= nbytes
+        return nbytes
+
+    def weights_on(self, tenant: str, lo: int, hi: int, devices: tuple[int, ...]) -> bool:
+        """Are blocks lo..hi of `tenant` resident on every device of a group?"""
+        return bool((self.resident[tenant][lo: hi + 1][:, list(devices)] > 0).all())
+
+    def load_home_weights(self) -> None:
+        """Place every tenant's full weights on its own container (tensor-parallel shards)."""
+        for t, cont in self.containers.items():
+            per_block = block_weight_bytes(self.models[t], cont.tp)
+            for d in cont.devices:
+                for blk, nb in enumerate(per_block):
+                    self.add_weights(t, blk, d, float(nb))
+
+    def summary(self) -> dict[str, float]:
+        """Counts for a status line: live iterations and slices, ready, memory in use."""
+        return {
+            "live_iterations": len(self.iterations),
+            "live_slices": int(sum(it.graph.num_slices for it in self.iterations.values())),
+            "ready_slices": len(self._ready),
+            "mem_used_gb": float(self.mem_used().sum() / 1e9),
+            "mem_capacity_gb": float(self.capacity_bytes.sum() / 1e9),
+        }
+
+
+def _gaps(s: np.ndarray, e: np.ndarray, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps of [t0, t1] not covered by intervals (s, e) sorted by start."""
+    if len(s) == 0:
+        return np.array([t0]), np.array([t1])
+    cover_end = np.maximum.accumulate(np.clip(e, t0, t1))
+    gap_s = np.concatenate([[t0], cover_end])
+    gap_e = np.concatenate([np.clip(s, t0, t1), [t1]])
+    keep = gap_e > gap_s
+    return gap_s[keep], gap_e[keep]

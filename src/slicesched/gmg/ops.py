@@ -1,0 +1,142 @@
+"""Operator kinds and the array-backed op table of one iteration.
+
+One iteration of one tenant becomes an `IterationGraph`: parallel numpy arrays with one entry
+per op (FLOPs, bytes, weights, activations, KV) plus data-dependency edges and the grouping of
+ops into slices. Arrays, not objects, because the GMG builds hundreds of these per second and
+the simulator and cost model work on whole columns at once.
+
+Conventions shared by the analytic builder and graph capture (`models/capture.py`):
+- FLOPs: 2*m*n*k per GEMM; attention 4*head_dim*heads*(sum over queries of attended keys),
+  causal masks halve prefill work; element-wise ops count one FLOP per output element per
+  arithmetic operation (norm 4/elem, RoPE 3/elem, SiLU*mul 5/elem, GELU 8/elem, add 1/elem).
+- Bytes are per device (divided by the tensor-parallel degree where the op is sharded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+
+class OpKind(IntEnum):
+    EMBED = 0
+    NORM = 1
+    QKV_PROJ = 2
+    ROPE = 3
+    ATTENTION = 4
+    O_PROJ = 5
+    ALL_REDUCE = 6
+    RESIDUAL_ADD = 7
+    MLP_UP = 8  # gate+up (gated) or fc1
+    MLP_ACT = 9
+    MLP_DOWN = 10
+    MOE_ROUTER = 11
+    MOE_EXPERTS = 12
+    LM_HEAD = 13
+    SAMPLE = 14
+
+
+#: Op kinds whose cost is dominated by GEMMs (efficiency grows with the token count).
+GEMM_KINDS = np.array([OpKind.QKV_PROJ, OpKind.O_PROJ, OpKind.MLP_UP, OpKind.MLP_DOWN,
+                       OpKind.MOE_ROUTER, OpKind.MOE_EXPERTS, OpKind.LM_HEAD], dtype=np.int8)
+
+
+class Grain(IntEnum):
+    """How ops group into slices, the unit the scheduler places."""
+
+    OP = 0
+    BLOCK = 1  # attention block, MLP block
+    LAYER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What the graph builder needs of a batch: per sequence, new tokens and prior context."""
+
+    new_tokens: np.ndarray  # int64 [num_seqs]
+    context_lens: np.ndarray  # int64 [num_seqs], tokens already in the KV cache
+    logits_seqs: int  # sequences that produce a token this iteration
+
+    @classmethod
+    def decode(cls, batch: int, context: int) -> "BatchShape":
+        return cls(np.ones(batch, np.int64), np.full(batch, context, np.int64), batch)
+
+    @classmethod
+    def prefill(cls, tokens: int, seqs: int = 1) -> "BatchShape":
+        per = np.full(seqs, tokens // seqs, np.int64)
+        per[: tokens % seqs] += 1
+        return cls(per, np.zeros(seqs, np.int64), seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.new_tokens.sum())
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.new_tokens)
+
+    def attended_keys(self) -> int:
+        """Sum over all query tokens of the keys each attends to (causal)."""
+        n, c = self.new_tokens, self.context_lens
+        return int((n * c + n * (n + 1) // 2).sum())
+
+    def kv_tokens_read(self) -> int:
+        return int((self.new_tokens + self.context_lens).sum())
+
+
+@dataclass(frozen=True, slots=True)
+class IterationGraph:
+    """The ops of one forward pass of one tenant's batch. Arrays are indexed by local op id."""
+
+    tenant: str
+    iteration: int
+    model: str
+    tp: int
+    shape: BatchShape
+    grain: Grain
+    kind: np.ndarray  # int8
+    layer: np.ndarray  # int16; -1 embedding, `layers` for the head
+    flops: np.ndarray  # float64, per device
+    bytes_read: np.ndarray  # float64, activations + weights + KV read, per device
+    bytes_written: np.ndarray  # float64
+    weight_bytes: np.ndarray  # float64, weights this op reads (must be resident where it runs)
+    out_bytes: np.ndarray  # float64, activation it outputs (freed after its last consumer)
+    kv_write_bytes: np.ndarray  # float64, KV cache bytes appended
+    wblock: np.ndarray  # int16 weight block: 2*layer (+1 for the MLP half), 2L embedding, 2L+1 head
+    comm_bytes: np.ndarray  # float64, all-reduce payload (0 for compute ops)
+    slice_of: np.ndarray  # int32 local slice id per op
+    edge_src: np.ndarray  # int32
+    edge_dst: np.ndarray  # int32
+    slice_first: np.ndarray  # int32 first op of each slice (ops of a slice are consecutive)
+    slice_count: np.ndarray  # int32
+    shapes: tuple[tuple[tuple[int, ...], ...], ...] = field(repr=False, default=())  # per op: (in..., out)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.kind)
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_first)
+
+    def slice_sum(self, column: np.ndarray) -> np.ndarray:
+        """Per-slice totals of an op column (e.g. FLOPs or weight bytes of each slice)."""
+        return np.add.reduceat(column, self.slice_first) if self.num_ops else column[:0]
+
+    def slice_max(self, column: np.ndarray) -> np.ndarray:
+        return np.maximum.reduceat(column, self.slice_first) if self.num_ops else column[:0]
+
+    def slice_deps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Unique (src_slice, dst_slice) pairs of cross-slice edges."""
+        s, d = self.slice_of[self.edge_src], self.slice_of[self.edge_dst]
+        keep = s != d
+        pairs = np.unique(np.stack([s[keep], d[keep]], 1), axis=0) if keep.any() else np.zeros((0, 2), np.int32)
+        return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32)
+
+    def per_layer(self, column: np.ndarray) -> np.ndarray:
+        """Totals of an op column per transformer layer (embedding and head excluded)."""
+        L = int(self.layer.max())
+        m = (self.layer >= 0) & (self.layer < L)
+        return np.bincount(self.layer[m].astype(np.int64), weights=column[m], minlength=L)

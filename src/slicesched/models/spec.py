@@ -1,0 +1,173 @@
+"""Decoder-only transformer architecture numbers, read from Hugging Face `config.json`.
+
+Only the numbers that decide cost and memory are kept: sizes, head counts, MLP kind, experts,
+norm kind, biases, tied embeddings. Parameter counts follow the HF implementations exactly so
+that weight bytes match the real checkpoints (Llama-3-8B: 8,030,261,248 params = 16.06 GB bf16).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from slicesched.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Architecture of one decoder-only model; `dtype_bytes` is the serving precision."""
+
+    name: str
+    family: str  # llama | qwen2 | mistral | mixtral | gpt2 | opt
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    gated_mlp: bool = True  # SwiGLU (gate, up, down) vs plain (fc1, fc2)
+    num_experts: int = 0  # 0: dense MLP
+    experts_per_token: int = 0
+    rms_norm: bool = True  # RMSNorm (weight) vs LayerNorm (weight + bias)
+    qkv_bias: bool = False
+    linear_bias: bool = False  # biases on o_proj and MLP (GPT-2, OPT)
+    learned_positions: int = 0  # rows of a learned position table (GPT-2, OPT); 0 for rotary
+    tie_embeddings: bool = False
+    dtype_bytes: int = 2
+
+    # ---- weights -------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def norm_params(self) -> int:
+        return self.hidden if self.rms_norm else 2 * self.hidden
+
+    def attn_params(self) -> int:
+        h = self.hidden
+        p = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        if self.qkv_bias:
+            p += self.q_dim + 2 * self.kv_dim
+        if self.linear_bias:
+            p += h
+        return p
+
+    def expert_params(self) -> int:
+        """Parameters of one MLP (one expert for MoE models)."""
+        h, i = self.hidden, self.intermediate
+        if self.gated_mlp:
+            return 3 * h * i
+        return 2 * h * i + (i + h if self.linear_bias else 0)
+
+    def mlp_params(self) -> int:
+        if self.num_experts:
+            return self.hidden * self.num_experts + self.num_experts * self.expert_params()
+        return self.expert_params()
+
+    def layer_params(self) -> int:
+        return 2 * self.norm_params() + self.attn_params() + self.mlp_params()
+
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden + self.learned_positions * self.hidden
+
+    def head_params(self) -> int:
+        """Final norm + LM head (the head shares the embedding matrix when tied)."""
+        return self.norm_params() + (0 if self.tie_embeddings else self.vocab * self.hidden)
+
+    def num_params(self) -> int:
+        return self.embed_params() + self.layers * self.layer_params() + self.head_params()
+
+    def weight_bytes(self) -> int:
+        return self.num_params() * self.dtype_bytes
+
+    def layer_weight_bytes(self) -> int:
+        return self.layer_params() * self.dtype_bytes
+
+    # ---- KV cache --------------------------------------------------------------------
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token (GQA: only the KV heads are stored)."""
+        return 2 * self.layers * self.kv_dim * self.dtype_bytes
+
+    def with_dtype(self, dtype_bytes: int) -> "ModelSpec":
+        from dataclasses import replace
+
+        return replace(self, dtype_bytes=dtype_bytes)
+
+
+def _get(cfg: dict[str, Any], src: str, *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    if default is not None:
+        return default
+    raise InputError(f"missing required field (one of {', '.join(keys)})", file=src, field=keys[0])
+
+
+def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -> ModelSpec:
+    """Build a spec from a decoder-only HF config dict (Llama, Qwen2, Mistral, Mixtral, GPT-2, OPT)."""
+    mtype = str(cfg.get("model_type", "llama"))
+    if mtype == "gpt2":
+        h = int(_get(cfg, src, "n_embd", "hidden_size"))
+        heads = int(_get(cfg, src, "n_head", "num_attention_heads"))
+        return ModelSpec(name or "gpt2", "gpt2", h, int(_get(cfg, src, "n_layer", "num_hidden_layers")),
+                         heads, heads, h // heads, int(cfg.get("n_inner") or 4 * h),
+                         int(_get(cfg, src, "vocab_size")), gated_mlp=False, rms_norm=False,
+                         qkv_bias=True, linear_bias=True,
+                         learned_positions=int(_get(cfg, src, "n_positions", default=1024)),
+                         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), dtype_bytes=2)
+    if mtype == "opt":
+        h = int(_get(cfg, src, "hidden_size"))
+        heads = int(_get(cfg, src, "num_attention_heads"))
+        return ModelSpec(name or "opt", "opt", h, int(_get(cfg, src, "num_hidden_layers")), heads, heads,
+                         h // heads, int(_get(cfg, src, "ffn_dim")), int(_get(cfg, src, "vocab_size")),
+                         gated_mlp=False, rms_norm=False, qkv_bias=True, linear_bias=True,
+                         learned_positions=int(_get(cfg, src, "max_position_embeddings")) + 2,
+                         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+    h = int(_get(cfg, src, "hidden_size"))
+    heads = int(_get(cfg, src, "num_attention_heads"))
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    return ModelSpec(
+        name or str(cfg.get("_name_or_path") or mtype), mtype, h, int(_get(cfg, src, "num_hidden_layers")),
+        heads, int(cfg.get("num_key_value_heads") or heads), int(cfg.get("head_dim") or h // heads),
+        int(_get(cfg, src, "intermediate_size")), int(_get(cfg, src, "vocab_size")),
+        num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+        qkv_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Read a `config.json` file; malformed files raise InputError naming the file."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError("file not found", file=str(p)) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON: {e.msg}", file=str(p), line=e.lineno) from None
+    return from_hf_config(cfg, name or p.stem, src=str(p))
+
+
+def known_models() -> list[str]:
+    """Names of the architectures shipped with the package (no downloads needed)."""
+    return sorted(f.name[:-5] for f in resources.files("slicesched.models").joinpath("configs").iterdir()
+                  if f.name.endswith(".json"))
+
+
+def model_spec(name_or_path: str) -> ModelSpec:
+    """A shipped model by name (e.g. 'llama-3-8b'), or a path to a HF config.json."""
+    key = name_or_path.lower()
+    ref = resources.files("slicesched.models").joinpath("configs", f"{key}.json")
+    if ref.is_file():
+        return from_hf_config(json.loads(ref.read_text()), key, src=str(ref))
+    if Path(name_or_path).exists():
+        return load_hf_config(name_or_path)
+    raise InputError(f"unknown model '{name_or_path}'; shipped: {', '.join(known_models())}, or give a config.json path")

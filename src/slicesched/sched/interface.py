@@ -1,0 +1,128 @@
+"""The two-phase interface between schedulers and the backends that run their decisions.
+
+    decision = scheduler.schedule(gmg, now)   # pure choice, returns an immutable value
+    outcome  = backend.execute(decision)      # simulator (virtual clock) or executor (devices)
+    scheduler.update(outcome)                 # results flow back
+
+Baselines and SliceScheduler implement the same `Scheduler`; the simulator and the PyTorch
+executor implement the same `Backend`, so any scheduler drives either.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from slicesched.registry import Registry
+
+if TYPE_CHECKING:
+    from slicesched.gmg.graph import GlobalMappingGraph
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePlacement:
+    """Run slices first_slice .. first_slice+num_slices-1 (global GMG ids) on device group `group`.
+
+    A run of consecutive slices shares one placement so that the common case (a whole
+    iteration on its own container) is one object, not hundreds.
+    """
+
+    first_slice: int
+    group: int
+    num_slices: int = 1
+
+    def slice_ids(self) -> range:
+        return range(self.first_slice, self.first_slice + self.num_slices)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightCopy:
+    """Make `tenant`'s weight block resident on `dst_device`, copied from `src_device`
+    (-1: from host memory over PCIe)."""
+
+    tenant: str
+    block: int
+    src_device: int
+    dst_device: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightEviction:
+    tenant: str
+    block: int
+    device: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerDecision:
+    """Everything a scheduler decided at one instant; backends must not modify it."""
+
+    time: float
+    placements: tuple[SlicePlacement, ...] = ()
+    weight_copies: tuple[WeightCopy, ...] = ()
+    evictions: tuple[WeightEviction, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.placements or self.weight_copies or self.evictions)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceCompletion:
+    slice_id: int
+    group: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class OOMEvent:
+    """An allocation that would have exceeded a device's capacity; never clipped away."""
+
+    device: int
+    time: float
+    requested_bytes: float
+    in_use_bytes: float
+    capacity_bytes: float
+    what: str  # "weights" | "kv" | "activation" | "transfer"
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What a backend reports after running (part of) decisions, up to `time`."""
+
+    time: float
+    completed: tuple[SliceCompletion, ...] = ()
+    finished_iterations: tuple[int, ...] = ()  # GMG iteration keys whose every slice is done
+    ooms: tuple[OOMEvent, ...] = ()
+
+
+class Scheduler(ABC):
+    """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def schedule(self, gmg: "GlobalMappingGraph", now: float) -> SchedulerDecision:
+        """Called by the driver whenever slices became ready or devices freed up.
+
+        Reads the GMG (it must not mutate it) and returns the placements for ready, unmapped
+        slices; slices it leaves unplaced are offered again at the next call.
+        """
+
+    def update(self, outcome: StepOutcome) -> None:
+        """Called by the driver after the backend ran decisions, with what actually happened
+        (measured or simulated times, OOMs). Default: stateless schedulers ignore it."""
+
+
+class Backend(Protocol):
+    """Runs decisions: the simulator on a virtual clock, the executor on real devices."""
+
+    def execute(self, decision: SchedulerDecision) -> StepOutcome:
+        """Apply the decision and run until at least one slice completes (or nothing is left)."""
+        ...
+
+
+SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler", "slicesched.schedulers")
