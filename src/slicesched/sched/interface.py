@@ -120,8 +120,9 @@ class Scheduler(ABC):
 class Backend(Protocol):
     """Runs decisions: the simulator on a virtual clock, the executor on real devices."""
 
-    def execute(self, decision: SchedulerDecision) -> StepOutcome:
-        """Apply the decision and run until at least one slice completes (or nothing is left)."""
+    def execute(self, decision: SchedulerDecision, until: float = float("inf")) -> StepOutcome:
+        """Apply the decision and run until at least one slice completes, nothing is left to
+        run, or the clock reaches `until` (the driver's next external event, e.g. an arrival)."""
         ...
 
 

@@ -1,0 +1,30 @@
+"""Per-tenant serving: requests, paged KV blocks, continuous batching, SLAs and metrics.
+
+A driver (simulator or executor) feeds arrivals to a ``TenantEngine``, runs the ``Batch`` it
+returns, and reports completion; ``metrics.summarize`` turns the finished run into numbers.
+"""
+
+from slicesched.serving.engine import Batch, TenantEngine
+from slicesched.serving.kv_cache import KVBlockManager, blocks_for
+from slicesched.serving.metrics import (
+    IdleHistogram,
+    ServingSummary,
+    SLAProbe,
+    TenantSummary,
+    ThroughputAtSLA,
+    busy_fraction,
+    idle_interval_histogram,
+    idle_intervals,
+    request_frame,
+    summarize,
+    throughput_at_sla,
+)
+from slicesched.serving.request import Request, RequestState
+from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA
+
+__all__ = [
+    "Batch", "TenantEngine", "KVBlockManager", "blocks_for", "IdleHistogram", "ServingSummary",
+    "SLAProbe", "TenantSummary", "ThroughputAtSLA", "busy_fraction", "idle_interval_histogram",
+    "idle_intervals", "request_frame", "summarize", "throughput_at_sla", "Request",
+    "RequestState", "DEFAULT_SLA_SCALE", "SLA",
+]
