@@ -1,0 +1,304 @@
+"""Serving metrics (DESIGN.md section 5), computed once at the end of a run.
+
+``replay`` calls ``summarize`` with every request of the run (finished or not), the makespan and
+one ``SLA`` per tenant, and ``request_frame`` for the per-request CSV/Parquet table; it calls
+``idle_interval_histogram`` / ``busy_fraction`` with the busy intervals each device recorded, and
+``throughput_at_sla`` with a callback that replays the trace at a rate scale. All of it is
+columnar numpy after one pass over the requests; pandas only builds the report frames.
+
+Latency percentiles are over completed requests (TPOT over those with two or more tokens).
+Violation rates follow ``serving.sla``: undecided unfinished requests are left out of both sides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+from slicesched.serving.request import Request, RequestState
+from slicesched.serving.sla import SLA, judge_arrays
+
+ALL_TENANTS = "ALL"
+PERCENTILES = (50, 90, 99)
+
+
+# ---- per-request columns -----------------------------------------------------------------------
+
+def _columns(requests: Iterable[Request]) -> dict[str, np.ndarray]:
+    """One pass over the requests into numpy columns (NaN for times not reached)."""
+    rows = [(r.id, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens, r.num_generated,
+             str(r.state), _f(r.first_token_s), _f(r.last_token_s), _f(r.finish_s),
+             r.num_preemptions, r.truncated) for r in requests]
+    names = ("id", "tenant", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
+             "state", "first_token_s", "last_token_s", "finish_s", "preemptions", "truncated")
+    dtypes = (np.int64, object, float, np.int64, np.int64, np.int64, object, float, float, float,
+              np.int64, bool)
+    cols = list(zip(*rows)) if rows else [()] * len(names)
+    out = {n: np.asarray(c, dtype=d) for n, c, d in zip(names, cols, dtypes)}
+    gen = out["generated_tokens"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["ttft_s"] = out["first_token_s"] - out["arrival_s"]
+        out["tpot_s"] = np.where(gen >= 2, (out["last_token_s"] - out["first_token_s"]) / (gen - 1), np.nan)
+    out["e2e_s"] = out["finish_s"] - out["arrival_s"]
+    out["completed"] = out["state"] == str(RequestState.FINISHED)
+    return out
+
+
+def _f(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
+def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(has_sla, decided, violated) per request; tenants without an SLA are never judged."""
+    tenants = cols["tenant"]
+    ttft_slo = np.full(len(tenants), np.nan)
+    tpot_slo = np.full(len(tenants), np.nan)
+    for name, sla in slas.items():
+        m = tenants == name
+        ttft_slo[m], tpot_slo[m] = sla.ttft_s, sla.tpot_s
+    has_sla = ~np.isnan(ttft_slo)
+    decided, violated = judge_arrays(cols["arrival_s"], cols["first_token_s"], cols["finish_s"],
+                                     cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s)
+    return has_sla, decided & has_sla, violated & has_sla
+
+
+def request_frame(requests: Iterable[Request], slas: Mapping[str, SLA] | None = None,
+                  end_s: float | None = None) -> pd.DataFrame:
+    """Per-request metrics table for CSV/Parquet; with ``slas`` and ``end_s`` adds ``violated``
+    (nullable boolean: <NA> for undecided requests and tenants without an SLA)."""
+    cols = _columns(requests)
+    frame = pd.DataFrame(cols)
+    if slas is not None:
+        if end_s is None:
+            raise ValueError("request_frame needs end_s to judge SLAs")
+        _, decided, violated = _judge(cols, slas, end_s)
+        frame["violated"] = pd.array(np.where(decided, violated, False), dtype="boolean")
+        frame.loc[~decided, "violated"] = pd.NA
+    return frame
+
+
+# ---- summaries ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TenantSummary:
+    """Metrics of one tenant (or of all, with ``tenant == ALL_TENANTS``) over one run.
+
+    Throughputs are tokens per second of makespan; latencies in seconds (NaN if no sample);
+    ``violation_rate = violations / judged`` (NaN with no SLA or nothing judged).
+    """
+
+    tenant: str
+    requests: int
+    completed: int
+    token_throughput: float
+    output_throughput: float
+    ttft_p50: float
+    ttft_p90: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p90: float
+    tpot_p99: float
+    e2e_p50: float
+    e2e_p90: float
+    e2e_p99: float
+    judged: int
+    violations: int
+    violation_rate: float
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServingSummary:
+    """The run's serving metrics: one ``TenantSummary`` per tenant plus the overall one."""
+
+    makespan_s: float
+    overall: TenantSummary
+    per_tenant: tuple[TenantSummary, ...]
+
+    def tenant(self, name: str) -> TenantSummary:
+        for t in self.per_tenant:
+            if t.tenant == name:
+                return t
+        raise KeyError(name)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per tenant and a last row ``ALL``, columns as in ``TenantSummary``."""
+        rows = [asdict(t) for t in (*self.per_tenant, self.overall)]
+        return pd.DataFrame(rows, columns=[f.name for f in fields(TenantSummary)])
+
+
+def _percentiles(x: np.ndarray) -> tuple[float, ...]:
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return (math.nan,) * len(PERCENTILES)
+    return tuple(float(v) for v in np.percentile(x, PERCENTILES))
+
+
+def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, has_sla: np.ndarray,
+                    decided: np.ndarray, violated: np.ndarray, makespan_s: float) -> TenantSummary:
+    done = mask & cols["completed"]
+    out_tokens = float(cols["generated_tokens"][done].sum())
+    all_tokens = out_tokens + float(cols["prompt_tokens"][done].sum())
+    judged = int((mask & decided).sum())
+    violations = int((mask & violated).sum())
+    rate = violations / judged if judged else math.nan
+    return TenantSummary(
+        name, int(mask.sum()), int(done.sum()), all_tokens / makespan_s, out_tokens / makespan_s,
+        *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
+        *_percentiles(cols["e2e_s"][done]), judged, violations, rate,
+        int(cols["preemptions"][mask].sum()))
+
+
+def summarize(requests: Iterable[Request], makespan_s: float,
+              slas: Mapping[str, SLA] | None = None) -> ServingSummary:
+    """Per-tenant and overall serving metrics of a run that ended at ``makespan_s``.
+
+    ``makespan_s`` is both the throughput denominator and the time unfinished requests are
+    judged at. Tenants missing from ``slas`` get a NaN violation rate and are left out of the
+    overall one.
+    """
+    if makespan_s <= 0:
+        raise ValueError(f"makespan_s must be positive, got {makespan_s}")
+    cols = _columns(requests)
+    has_sla, decided, violated = _judge(cols, slas or {}, makespan_s)
+    tenants = cols["tenant"]
+    per = tuple(_summarize_mask(str(t), cols, tenants == t, has_sla, decided, violated, makespan_s)
+                for t in sorted(set(tenants.tolist())))
+    overall = _summarize_mask(ALL_TENANTS, cols, np.ones(len(tenants), bool), has_sla, decided,
+                              violated, makespan_s)
+    return ServingSummary(makespan_s, overall, per)
+
+
+# ---- device idleness ---------------------------------------------------------------------------
+
+def idle_intervals(busy: np.ndarray | Sequence[tuple[float, float]], makespan_s: float) -> np.ndarray:
+    """Lengths of the idle gaps of one device over ``[0, makespan_s]``.
+
+    ``busy`` is an (n, 2) array of [start, end) intervals sorted by start; overlapping or nested
+    intervals (concurrent streams) are merged by a running maximum of the ends.
+    """
+    b = np.clip(np.asarray(busy, dtype=float).reshape(-1, 2), 0.0, makespan_s)
+    if b.size and np.any(np.diff(b[:, 0]) < 0):
+        b = b[np.argsort(b[:, 0], kind="stable")]
+    covered_until = np.maximum.accumulate(b[:, 1]) if b.size else b[:, 1]
+    gap_start = np.concatenate(([0.0], covered_until))
+    gap_end = np.concatenate((b[:, 0], [makespan_s]))
+    gaps = gap_end - gap_start
+    return gaps[gaps > 0]
+
+
+def busy_fraction(busy_intervals_per_device: Mapping[str, np.ndarray | Sequence[tuple[float, float]]],
+                  makespan_s: float) -> dict[str, float]:
+    """Share of ``[0, makespan_s]`` each device was busy (union of its busy intervals)."""
+    return {dev: 1.0 - float(idle_intervals(b, makespan_s).sum()) / makespan_s
+            for dev, b in busy_intervals_per_device.items()}
+
+
+DEFAULT_IDLE_EDGES = np.array([0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, np.inf])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IdleHistogram:
+    """Idle-interval length histograms sharing one set of bin ``edges`` (seconds)."""
+
+    edges: np.ndarray
+    counts: Mapping[str, np.ndarray]  # per device, len(edges) - 1 counts
+    idle_s: Mapping[str, float]  # per device, total idle seconds
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long table: device, bin_lo, bin_hi, count."""
+        lo, hi = self.edges[:-1], self.edges[1:]
+        parts = [pd.DataFrame({"device": dev, "bin_lo": lo, "bin_hi": hi, "count": c})
+                 for dev, c in self.counts.items()]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+            columns=["device", "bin_lo", "bin_hi", "count"])
+
+
+def idle_interval_histogram(busy_intervals_per_device: Mapping[str, np.ndarray | Sequence[tuple[float, float]]],
+                            makespan_s: float, bins: int | Sequence[float] | np.ndarray = DEFAULT_IDLE_EDGES
+                            ) -> IdleHistogram:
+    """Per device, how many idle slices of each length it had (bins in seconds).
+
+    ``bins`` are edges, or a count of equal-width bins over the range of all devices' gaps so
+    that devices share edges; the default edges are decades from 0.1 ms to 10 s.
+    """
+    gaps = {dev: idle_intervals(b, makespan_s) for dev, b in busy_intervals_per_device.items()}
+    if isinstance(bins, (int, np.integer)):
+        pooled = np.concatenate(list(gaps.values())) if gaps else np.empty(0)
+        edges = np.histogram_bin_edges(pooled, bins=int(bins))
+    else:
+        edges = np.asarray(bins, dtype=float)
+    counts = {dev: _counts(g, edges) for dev, g in gaps.items()}
+    return IdleHistogram(edges, counts, {dev: float(g.sum()) for dev, g in gaps.items()})
+
+
+def _counts(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """np.histogram semantics (last bin closed) that also accept an infinite last edge."""
+    idx = np.searchsorted(edges, x, side="right") - 1
+    idx[x == edges[-1]] = len(edges) - 2
+    ok = (idx >= 0) & (idx < len(edges) - 1)
+    return np.bincount(idx[ok], minlength=len(edges) - 1).astype(np.int64)
+
+
+# ---- throughput at SLA -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SLAProbe:
+    """One replay at rate scale ``scale`` (trace time compressed by that factor)."""
+
+    scale: float
+    violation_rate: float
+    token_throughput: float
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputAtSLA:
+    """Largest probed scale meeting the violation bound, and every probe made on the way.
+
+    ``feasible`` is False when even ``lo`` violated the bound; ``scale`` etc. then describe ``lo``.
+    """
+
+    feasible: bool
+    scale: float
+    violation_rate: float
+    token_throughput: float
+    probes: tuple[SLAProbe, ...]
+
+
+def throughput_at_sla(run_at_scale: Callable[[float], tuple[float, float]], lo: float, hi: float,
+                      max_violation: float = 0.09, iters: int = 8) -> ThroughputAtSLA:
+    """Bisect on the rate scale k for the largest k with violation rate <= ``max_violation``.
+
+    ``run_at_scale(k)`` replays the trace at rate scale k and returns (violation_rate,
+    token_throughput); the violation rate is assumed non-decreasing in k (a NaN rate counts as
+    failing). Calls it ``iters + 2`` times at most; the answer is within ``(hi - lo) / 2**iters``.
+    """
+    if not 0 < lo < hi:
+        raise ValueError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
+    probes: list[SLAProbe] = []
+
+    def probe(k: float) -> SLAProbe:
+        vr, tput = run_at_scale(k)
+        probes.append(SLAProbe(k, float(vr), float(tput)))
+        return probes[-1]
+
+    good = probe(lo)
+    if not good.violation_rate <= max_violation:
+        return ThroughputAtSLA(False, lo, good.violation_rate, good.token_throughput, tuple(probes))
+    top = probe(hi)
+    if top.violation_rate <= max_violation:
+        good = top
+    else:
+        bad = hi
+        for _ in range(iters):
+            mid = probe(0.5 * (good.scale + bad))
+            if mid.violation_rate <= max_violation:
+                good = mid
+            else:
+                bad = mid.scale
+    return ThroughputAtSLA(True, good.scale, good.violation_rate, good.token_throughput, tuple(probes))

@@ -1,0 +1,123 @@
+"""SLA judging, summaries, per-request table, idle histograms, throughput-at-SLA bisection."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from slicesched.serving.metrics import (
+    ALL_TENANTS,
+    busy_fraction,
+    idle_interval_histogram,
+    idle_intervals,
+    request_frame,
+    summarize,
+    throughput_at_sla,
+)
+from slicesched.serving.request import Request, RequestState
+from slicesched.serving.sla import SLA
+
+
+def done(i: int, tenant: str, arrival: float, first: float, last: float, prompt: int, gen: int) -> Request:
+    """A finished request with the given token times."""
+    return Request(i, tenant, arrival, prompt, gen, state=RequestState.FINISHED, num_generated=gen,
+                   first_token_s=first, last_token_s=last, finish_s=last)
+
+
+def open_(i: int, tenant: str, arrival: float, first: float | None = None, gen: int = 0,
+          output: int = 10) -> Request:
+    """An unfinished request."""
+    return Request(i, tenant, arrival, 10, output, state=RequestState.RUNNING, num_generated=gen,
+                   first_token_s=first, last_token_s=first)
+
+
+SLA_A = SLA(ttft_s=1.0, tpot_s=0.1)
+END = 20.0
+
+
+def hand_built() -> list[Request]:
+    return [
+        done(0, "a", 0.0, 0.5, 0.95, 100, 10),  # ttft .5, tpot .05: met
+        done(1, "a", 0.0, 1.5, 1.95, 100, 10),  # ttft 1.5: violates
+        done(2, "a", 0.0, 0.5, 2.3, 100, 10),  # tpot .2: violates
+        open_(3, "a", 5.0),  # no first token 15 s after arrival: violates
+        open_(4, "a", 19.5),  # arrived 0.5 s before the end: undecided
+        open_(5, "a", 18.0, first=18.5, gen=2, output=30),  # tpot deadline 18.5+2.9 > END: undecided
+        open_(6, "a", 10.0, first=10.5, gen=2, output=30),  # 10.5+2.9 < END: must violate
+        done(7, "b", 0.0, 3.0, 3.0, 50, 1),  # tenant without SLA
+    ]
+
+
+def test_violation_rate_on_hand_built_case() -> None:
+    s = summarize(hand_built(), makespan_s=END, slas={"a": SLA_A})
+    a = s.tenant("a")
+    assert (a.requests, a.completed, a.judged, a.violations) == (7, 3, 5, 4)
+    assert a.violation_rate == pytest.approx(4 / 5)
+    assert math.isnan(s.tenant("b").violation_rate)
+    assert s.overall.violation_rate == pytest.approx(4 / 5)  # b has no SLA: not judged
+
+
+def test_scalar_judge_matches_the_summary_rule() -> None:
+    verdicts = [SLA_A.judge(r, END) for r in hand_built()[:7]]
+    assert verdicts == [False, True, True, True, None, None, True]
+
+
+def test_scaled_sla_multiplies_isolated_latency() -> None:
+    assert SLA.scaled(0.2, 0.02) == SLA(1.0, 0.1)
+    assert SLA.scaled(0.2, 0.02, scale=2.0) == SLA(0.4, 0.04)
+
+
+def test_throughput_counts_prompt_and_generated_tokens_of_completed_requests() -> None:
+    s = summarize(hand_built(), makespan_s=END, slas={"a": SLA_A})
+    assert s.tenant("a").token_throughput == pytest.approx(3 * 110 / END)
+    assert s.tenant("a").output_throughput == pytest.approx(30 / END)
+    assert s.overall.token_throughput == pytest.approx((330 + 51) / END)
+    assert s.tenant("a").ttft_p50 == pytest.approx(0.5)
+    assert s.tenant("a").tpot_p50 == pytest.approx(0.05)
+    frame = s.to_frame()
+    assert frame["tenant"].tolist() == ["a", "b", ALL_TENANTS] and "violation_rate" in frame
+
+
+def test_request_frame_has_one_row_per_request_and_nullable_violation() -> None:
+    frame = request_frame(hand_built(), slas={"a": SLA_A}, end_s=END)
+    assert len(frame) == 8
+    assert frame["violated"].tolist()[:7] == [False, True, True, True, pd.NA, pd.NA, True]
+    assert frame["violated"].isna().iloc[7]
+    assert frame.loc[2, "tpot_s"] == pytest.approx(0.2) and frame.loc[0, "e2e_s"] == pytest.approx(0.95)
+
+
+def test_idle_intervals_merge_overlaps_and_include_both_ends() -> None:
+    busy = np.array([[1.0, 2.0], [1.5, 3.0], [2.0, 2.5], [5.0, 6.0]])
+    assert idle_intervals(busy, 10.0).tolist() == [1.0, 2.0, 4.0]
+    assert busy_fraction({"d": busy}, 10.0)["d"] == pytest.approx(0.3)
+
+
+def test_idle_histogram_on_hand_built_intervals() -> None:
+    busy = {
+        "d0": [(0.0, 1.0), (1.0005, 2.0), (2.05, 3.0), (3.5, 10.0)],  # gaps .0005, .05, .5
+        "d1": [],  # idle throughout: one 10 s gap
+    }
+    h = idle_interval_histogram(busy, 10.0, bins=[0.0, 1e-3, 1e-1, 1.0, 10.0])
+    assert h.counts["d0"].tolist() == [1, 1, 1, 0]
+    assert h.counts["d1"].tolist() == [0, 0, 0, 1]  # the last bin is closed, as in np.histogram
+    assert h.idle_s["d0"] == pytest.approx(0.5505) and h.idle_s["d1"] == 10.0
+    assert len(h.to_frame()) == 8
+
+
+def test_throughput_at_sla_bisects_to_the_known_threshold() -> None:
+    threshold = 2.37
+
+    def run(k: float) -> tuple[float, float]:
+        return (0.02 if k <= threshold else 0.3), 100.0 * k
+
+    r = throughput_at_sla(run, lo=0.5, hi=8.0, iters=20)
+    assert r.feasible and threshold - 7.5 / 2**20 <= r.scale <= threshold
+    assert r.token_throughput == pytest.approx(100.0 * r.scale) and r.violation_rate == 0.02
+    assert len(r.probes) == 22
+
+
+def test_throughput_at_sla_edges() -> None:
+    assert not throughput_at_sla(lambda k: (0.5, k), 1.0, 4.0).feasible
+    r = throughput_at_sla(lambda k: (0.0, k), 1.0, 4.0)
+    assert r.feasible and r.scale == 4.0 and len(r.probes) == 2
