@@ -155,9 +155,11 @@ class Trace:
         return pd.DataFrame(cols)
 
     def to_csv(self, path: str | Path) -> None:
-        """Write the plain ``csv`` format (prefix hashes are not kept), loadable by ``load_trace``."""
+        """Write the plain ``csv`` format for ``load_trace`` (prefix hashes are not kept).
+
+        Floats are written in shortest round-trip form, so arrivals reload bit-exact."""
         df = self.to_frame().drop(columns=["prefix_hashes"], errors="ignore")
-        df.to_csv(path, index=False, float_format="%.9f")
+        df.to_csv(path, index=False)
 
     # ---- transformations (each returns a new trace) ---------------------------------------
 
