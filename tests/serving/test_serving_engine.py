@@ -163,3 +163,16 @@ def test_add_request_refuses_prompt_longer_than_max_model_len_and_other_tenants(
         engine.add_request(req(0, 65, 1), 0.0)
     with pytest.raises(ValueError, match="tenant"):
         engine.add_request(Request(1, "other", 0.0, 5, 1), 0.0)
+
+
+def test_newest_request_preempts_itself_when_no_newer_victim_exists() -> None:
+    engine = make_engine(num_blocks=5, block_tokens=4)
+    a, b = req(0, 7, 9, arrival=0.0), req(1, 7, 9, arrival=0.1)
+    engine.add_request(a, 0.0)
+    engine.add_request(b, 0.1)
+    step(engine, 0.1, 1.0)
+    step(engine, 1.1, 1.0)  # both hold 2 blocks, 1 free; both now need a 3rd
+    b3, _ = step(engine, 2.1, 1.0)  # a takes the free block, b has no one newer to evict
+    assert b3.req_ids == (0,)
+    assert b.state is RequestState.PREEMPTED and a.num_preemptions == 0
+    assert engine.kv.used_blocks == 3 and engine.num_waiting == 1

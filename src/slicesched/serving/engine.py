@@ -86,14 +86,13 @@ class Batch:
 class _Draft:
     """The batch being assembled inside one ``next_batch`` call."""
 
-    __slots__ = ("ids", "new", "ctx", "pre", "taken", "budget")
+    __slots__ = ("ids", "new", "ctx", "pre", "budget")
 
     def __init__(self, budget: int) -> None:
         self.ids: list[int] = []
         self.new: list[int] = []
         self.ctx: list[int] = []
         self.pre: list[bool] = []
-        self.taken: set[int] = set()
         self.budget = budget
 
     def add(self, req: Request, n: int, prefill: bool) -> None:
@@ -101,7 +100,6 @@ class _Draft:
         self.new.append(n)
         self.ctx.append(req.num_computed_tokens)
         self.pre.append(prefill)
-        self.taken.add(req.id)
         self.budget -= n
 
 
@@ -174,8 +172,8 @@ class TenantEngine:
         if len(self._inflight) >= self.max_inflight_batches:
             return None
         draft = _Draft(self.max_batch_tokens)
-        self._schedule_running(draft, decodes=True)
-        self._schedule_running(draft, decodes=False)
+        if self._schedule_decodes(draft):
+            self._schedule_prefill_chunks(draft)
         self._admit_waiting(draft, now)
         if not draft.ids:
             return None
@@ -201,10 +199,11 @@ class TenantEngine:
             busy.discard(rid)
             req = live[rid]
             req.num_computed_tokens += n
-            if req.num_computed_tokens < req.num_tokens:
+            if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk short of the end emits nothing
             req.emit_token(now)
-            if req.num_generated >= req.output_tokens or req.num_tokens > self.max_model_len:
+            if (req.num_generated >= req.output_tokens
+                    or req.prompt_tokens + req.num_generated > self.max_model_len):
                 self._finish(req, now)
                 finished.append(req)
         if finished:
@@ -246,22 +245,51 @@ class TenantEngine:
 
     # ---- scheduling steps -------------------------------------------------------------------
 
-    def _schedule_running(self, draft: _Draft, decodes: bool) -> None:
-        """Give running requests of one phase their step, oldest first, preempting on KV need."""
+    def _schedule_decodes(self, draft: _Draft) -> bool:
+        """One token for each running request in its decode phase, oldest first, preempting on
+        KV need. Returns whether a running request part-way through its prefill was skipped.
+
+        This loop runs over every running request every iteration: it is the hot path, hence
+        the inlined phase test and the direct list appends.
+        """
+        running, busy, kv = self._running, self._busy, self.kv
+        ids, new, ctx, pre = draft.ids, draft.new, draft.ctx, draft.pre
+        saw_prefill = False
+        i = 0
+        while i < len(running) and draft.budget > 0:
+            req = running[i]
+            computed, generated = req.num_computed_tokens, req.num_generated
+            if req.id in busy:
+                i += 1
+            elif generated == 0 or computed < req.prompt_tokens + generated - 1:
+                saw_prefill = True
+                i += 1
+            elif kv.allocate(req.id, computed + 1) or self._reserve(i, computed + 1, draft):
+                ids.append(req.id)
+                new.append(1)
+                ctx.append(computed)
+                pre.append(False)
+                draft.budget -= 1
+                i += 1
+            # else: running[i] preempted itself; the next request now sits at index i
+        return saw_prefill
+
+    def _schedule_prefill_chunks(self, draft: _Draft) -> None:
+        """Next chunk for running requests part-way through a (chunked) prefill, oldest first,
+        from the token budget the decodes left; same preemption rule as decodes."""
         running, busy = self._running, self._busy
         i = 0
         while i < len(running) and draft.budget > 0:
             req = running[i]
-            if req.id in busy or req.id in draft.taken or req.in_prefill == decodes:
+            if req.id in busy or not req.in_prefill:
                 i += 1
                 continue
-            n = 1 if decodes else self._chunk(req.num_tokens - req.num_computed_tokens, draft.budget)
+            n = self._chunk(req.num_tokens - req.num_computed_tokens, draft.budget)
             if n == 0:
                 i += 1
             elif self._reserve(i, req.num_computed_tokens + n, draft):
-                draft.add(req, n, prefill=not decodes)
+                draft.add(req, n, prefill=True)
                 i += 1
-            # else: running[i] preempted itself; the next request now sits at index i
 
     def _admit_waiting(self, draft: _Draft, now: float) -> None:
         """Admit waiting requests FCFS while seats, token budget and free blocks allow."""
@@ -297,7 +325,7 @@ class TenantEngine:
     def _pick_victim(self, i: int, draft: _Draft) -> int:
         """Index of the most recently arrived running request that is neither in flight nor in
         this draft; ``running[i]`` itself qualifies, so the search always succeeds."""
-        running, busy, taken = self._running, self._busy, draft.taken
+        running, busy, taken = self._running, self._busy, set(draft.ids)  # preemption is rare
         for j in range(len(running) - 1, i, -1):
             rid = running[j].id
             if rid not in busy and rid not in taken:
