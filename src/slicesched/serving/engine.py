@@ -191,6 +191,8 @@ class TenantEngine:
         advance; the step that completes a request's pending tokens emits one token at ``now``.
         A batch dropped by ``preempt_all`` is ignored (returns []).
         """
+        if batch.tenant != self.tenant:
+            raise ValueError(f"batch of tenant {batch.tenant!r} returned to engine {self.tenant!r}")
         if self._inflight.pop(batch.iteration, None) is None:
             return []
         finished: list[Request] = []
