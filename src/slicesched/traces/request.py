@@ -222,7 +222,7 @@ class Trace:
         sources stay distinguishable. Ties in arrival keep argument order.
         """
         parts = (self, *others)
-        tenant = np.concatenate([_labels_or_name(t) for t in parts]) if parts else None
+        tenant = np.concatenate([_labels_or_name(t) for t in parts])
         prefix = None
         if any(t.prefix_hashes is not None for t in parts):
             prefix = np.concatenate([t.prefix_hashes if t.prefix_hashes is not None

@@ -186,11 +186,13 @@ def _parse_pmf(text: str) -> Pmf | None:
 
 
 def _load_pmfs(path: Path) -> dict[float, tuple[Pmf, Pmf]]:
-    """Input and output token PMFs per 6 h window start; windows without data are left out."""
+    """Input and output token PMFs per 6 h window start; windows without both are left out."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         out = {}
         for key, fields in raw.items():
+            if "input_tokens" not in fields or "output_tokens" not in fields:
+                continue  # multimodal files split input by modality: not modelled here
             pin, pout = _parse_pmf(fields["input_tokens"]), _parse_pmf(fields["output_tokens"])
             if pin is not None and pout is not None:
                 out[float(key)] = (pin, pout)
@@ -228,8 +230,10 @@ def servegen_trace(root: str | Path, category: str, model: str, *,
 
     Choose tenants by id (``clients``) or the ``top_n`` busiest in the span (default: all).
     Time 0 of the trace is ``start_s``. Token lengths come from each client's dataset PMFs
-    (input and output drawn independently; the PMFs are marginals) or, without them, from
-    ``lengths`` (default :data:`SERVEGEN_LANGUAGE_LENGTHS`). Each client draws from its own
+    (input and output drawn independently; the PMFs are marginals; deepseek-r1's
+    ``reason_ratio`` is ignored and ``output_tokens`` taken as the whole output) or, without
+    them (no file, or a multimodal file with per-modality inputs), from ``lengths`` (default
+    :data:`SERVEGEN_LANGUAGE_LENGTHS`). Each client draws from its own
     generator seeded by ``(seed, client)``, so a tenant's stream does not change when others
     are added or removed.
     """
