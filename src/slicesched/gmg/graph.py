@@ -54,23 +54,34 @@ _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32),
              ("group", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
 
 
-class _Growable:
-    """An append-only float64 array pair per device (busy intervals), amortized O(1) append."""
+class _IntervalLog:
+    """Append-only busy intervals of all devices, amortized O(1) append.
 
-    __slots__ = ("start", "end", "n")
+    `end_max` (running maximum of ends) lets a window query skip, by binary search, the whole
+    history that ended before the window, whatever order backends report completions in.
+    """
+
+    __slots__ = ("device", "start", "end", "end_max", "n")
 
     def __init__(self) -> None:
-        self.start = np.empty(64)
-        self.end = np.empty(64)
+        self.device = np.empty(256, np.int32)
+        self.start = np.empty(256)
+        self.end = np.empty(256)
+        self.end_max = np.empty(256)
         self.n = 0
 
-    def append(self, s: float, e: float) -> None:
-        if self.n == len(self.start):
-            self.start = np.resize(self.start, 2 * self.n)
-            self.end = np.resize(self.end, 2 * self.n)
-        self.start[self.n] = s
-        self.end[self.n] = e
-        self.n += 1
+    def append(self, device: int, s: float, e: float) -> None:
+        n = self.n
+        if n == len(self.start):
+            for name in self.__slots__[:-1]:
+                setattr(self, name, np.resize(getattr(self, name), 2 * n))
+        self.device[n], self.start[n], self.end[n] = device, s, e
+        self.end_max[n] = e if n == 0 or e > self.end_max[n - 1] else self.end_max[n - 1]
+        self.n = n + 1
+
+    def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = int(np.searchsorted(self.end_max[: self.n], t0, side="right"))
+        return self.device[k: self.n], self.start[k: self.n], self.end[k: self.n]
 
 
 class GlobalMappingGraph:
@@ -95,7 +106,7 @@ class GlobalMappingGraph:
         self.mem_weights = np.zeros(n)
         self.mem_kv = np.zeros(n)
         self.mem_act = np.zeros(n)
-        self.busy = [_Growable() for _ in range(n)]
+        self.busy = _IntervalLog()
         self.running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
         # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
         self.resident = {t: np.zeros((2 * m.layers + 2, n)) for t, m in self.models.items()}
@@ -199,7 +210,7 @@ class GlobalMappingGraph:
         c["end_t"][i] = t
         start = float(c["start_t"][i])
         for d in self.cluster.group(int(c["group"][i])):
-            self.busy[d].append(start, t)
+            self.busy.append(d, start, t)
             if self.running_on[d] == slice_id:
                 self.running_on[d] = -1
         it, local = self.iteration_of(slice_id)
@@ -234,27 +245,30 @@ class GlobalMappingGraph:
         return np.concatenate([np.arange(it.base, it.base + it.graph.num_slices) for it in self.iterations.values()])
 
     def busy_intervals(self, device: int) -> tuple[np.ndarray, np.ndarray]:
-        b = self.busy[device]
-        return b.start[: b.n], b.end[: b.n]
+        """All finished busy intervals of one device, in completion order (for reports)."""
+        b = self.busy
+        m = b.device[: b.n] == device
+        return b.start[: b.n][m], b.end[: b.n][m]
+
+    def idle_intervals_flat(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Idle gaps of every device inside [t0, t1] as flat (device, start, end) arrays,
+        sorted by device then start. A running slice is busy until its predicted end (`end_t`,
+        if a backend set one) or t1. Vectorized across devices: the scheduler asks this often."""
+        dev, s, e = self.busy.since(t0)
+        run = np.flatnonzero(self.running_on >= 0)
+        if len(run):
+            ids = self.running_on[run] & self._mask
+            rend = self._cols["end_t"][ids]
+            dev = np.concatenate([dev, run.astype(np.int32)])
+            s = np.concatenate([s, self._cols["start_t"][ids]])
+            e = np.concatenate([e, np.where(np.isfinite(rend), rend, t1)])
+        return _gaps_by_device(dev, s, e, t0, t1, self.cluster.num_devices)
 
     def idle_intervals(self, t0: float, t1: float) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per device, the idle gaps inside [t0, t1] given finished and running work.
-
-        A running slice counts as busy until its predicted end if the backend set one
-        (`end_t`), else until t1.
-        """
-        out = []
-        ends = self._cols["end_t"]
-        for d, b in enumerate(self.busy):
-            k = int(np.searchsorted(b.end[: b.n], t0, side="right"))
-            s, e = b.start[k: b.n], b.end[k: b.n]
-            r = int(self.running_on[d])
-            if r >= 0:
-                re = float(ends[r & self._mask])
-                s = np.append(s, self._cols["start_t"][r & self._mask])
-                e = np.append(e, re if np.isfinite(re) else t1)
-            out.append(_gaps(s, e, t0, t1))
-        return out
+        """Per device, (starts, ends) of its idle gaps inside [t0, t1]."""
+        dev, s, e = self.idle_intervals_flat(t0, t1)
+        cuts = np.searchsorted(dev, np.arange(1, self.cluster.num_devices))
+        return list(zip(np.split(s, cuts), np.split(e, cuts)))
 
     # ---- memory ------------------------------------------------------------------------
     def mem_used(self) -> np.ndarray:
@@ -300,12 +314,37 @@ class GlobalMappingGraph:
         }
 
 
-def _gaps(s: np.ndarray, e: np.ndarray, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
-    """Gaps of [t0, t1] not covered by intervals (s, e) sorted by start."""
-    if len(s) == 0:
-        return np.array([t0]), np.array([t1])
-    cover_end = np.maximum.accumulate(np.clip(e, t0, t1))
-    gap_s = np.concatenate([[t0], cover_end])
-    gap_e = np.concatenate([np.clip(s, t0, t1), [t1]])
-    keep = gap_e > gap_s
-    return gap_s[keep], gap_e[keep]
+def _segmented_cummax(x: np.ndarray, seg_start: np.ndarray) -> np.ndarray:
+    """Running maximum restarting at each True of `seg_start`, exactly (padded 2-D accumulate)."""
+    if len(x) == 0:
+        return x
+    seg = np.cumsum(seg_start) - 1
+    starts = np.flatnonzero(seg_start)
+    pos = np.arange(len(x)) - starts[seg]
+    grid = np.full((len(starts), int(pos.max()) + 1), -np.inf)
+    grid[seg, pos] = x
+    return np.maximum.accumulate(grid, axis=1)[seg, pos]
+
+
+def _gaps_by_device(dev: np.ndarray, s: np.ndarray, e: np.ndarray, t0: float, t1: float,
+                    num_devices: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Uncovered parts of [t0, t1] per device, given busy intervals (dev, s, e) in any order."""
+    s, e = np.clip(s, t0, t1), np.clip(e, t0, t1)
+    keep = e > s
+    dev, s, e = dev[keep], s[keep], e[keep]
+    order = np.lexsort((s, dev))
+    dev, s, e = dev[order], s[order], e[order]
+    first = np.ones(len(dev), bool)
+    first[1:] = dev[1:] != dev[:-1]
+    cover = _segmented_cummax(e, first)
+    prev_end = np.where(first, t0, np.concatenate([[t0], cover[:-1]]))
+    last = np.ones(len(dev), bool)
+    last[:-1] = dev[1:] != dev[:-1]
+    idle_dev = np.setdiff1d(np.arange(num_devices, dtype=np.int32), dev)  # no busy time at all
+    gd = np.concatenate([dev, dev[last], idle_dev])
+    gs = np.concatenate([prev_end, cover[last], np.full(len(idle_dev), t0)])
+    ge = np.concatenate([s, np.full(int(last.sum()), t1), np.full(len(idle_dev), t1)])
+    ok = ge > gs
+    gd, gs, ge = gd[ok], gs[ok], ge[ok]
+    order = np.lexsort((gs, gd))
+    return gd[order], gs[order], ge[order]

@@ -1,0 +1,224 @@
+"""Scenario files: cluster, tenants (model, container, SLA, batching) and workload, in TOML.
+
+Validated at load by pydantic models with one class per area and help text per field; any
+mistake becomes one `InputError` line naming the file, the line and the field, e.g.
+``scenarios/x.toml:12: field 'tenants[0].modle': unknown field``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from slicesched.errors import InputError
+from slicesched.hardware.specs import DEVICES, LINKS
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterConfig(_Strict):
+    device: str = Field("H100-80GB", description=f"device type, one of {', '.join(DEVICES)}")
+    nodes: int = Field(1, ge=1, description="number of servers")
+    devices_per_node: int = Field(8, ge=1, le=64, description="devices in each server")
+    intra_link: str = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
+    inter_link: str = Field("ib-ndr", description="network between servers")
+
+    @model_validator(mode="after")
+    def _known(self) -> "ClusterConfig":
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device '{self.device}', expected one of {', '.join(DEVICES)}")
+        for link in (self.intra_link, self.inter_link):
+            if link not in LINKS:
+                raise ValueError(f"unknown link '{link}', expected one of {', '.join(LINKS)}")
+        return self
+
+
+class TenantConfig(_Strict):
+    name: str = Field(description="tenant name, unique in the scenario")
+    model: str = Field(description="shipped model name (e.g. 'llama-3-8b') or a path to a HF config.json")
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree = devices in the container")
+    devices: tuple[int, ...] | None = Field(None, description="container devices; default: packed in order")
+    ttft_slo_s: float | None = Field(None, gt=0, description="absolute TTFT SLO; default sla_scale x isolated")
+    tpot_slo_s: float | None = Field(None, gt=0, description="absolute TPOT SLO; default sla_scale x isolated")
+    sla_scale: float = Field(5.0, gt=1, description="SLO as a multiple of the isolated single-request latency")
+    max_num_seqs: int = Field(256, ge=1, description="most sequences in one batch (vLLM max_num_seqs)")
+    max_batch_tokens: int = Field(8192, ge=16, description="token budget of one iteration")
+    chunked_prefill: bool = Field(True, description="Sarathi-style chunked prefill within the token budget")
+
+    @model_validator(mode="after")
+    def _devices_match_tp(self) -> "TenantConfig":
+        if self.devices is not None and len(self.devices) != self.tp:
+            raise ValueError(f"'devices' lists {len(self.devices)} devices but tp = {self.tp}")
+        return self
+
+
+class SyntheticStream(_Strict):
+    source: Literal["synthetic"]
+    tenants: tuple[str, ...] = Field(description="tenants this stream feeds (split by popularity)")
+    rate: float = Field(gt=0, description="mean requests per second")
+    cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrival gaps (1 = Poisson)")
+    prompt_mean: float = Field(1024.0, gt=0)
+    prompt_sigma: float = Field(1.0, ge=0)
+    output_mean: float = Field(256.0, gt=0)
+    output_sigma: float = Field(1.0, ge=0)
+    popularity: Literal["powerlaw", "uniform", "round-robin"] = "powerlaw"
+    alpha: float = Field(1.0, ge=0, description="power-law exponent of tenant popularity")
+
+
+class TraceStream(_Strict):
+    source: Literal["trace"]
+    path: str = Field(description="trace file; 'shared:' prefix resolves to the shared data folder")
+    format: str | None = Field(None, description="azure | mooncake | burstgpt | csv (default: sniffed)")
+    tenants: tuple[str, ...]
+    popularity: Literal["powerlaw", "uniform", "round-robin"] = "powerlaw"
+    alpha: float = Field(1.0, ge=0)
+    start_s: float = Field(0.0, ge=0, description="window start within the trace")
+
+
+class ServeGenStream(_Strict):
+    source: Literal["servegen"]
+    root: str = Field("shared:traces/servegen/data", description="ServeGen data folder")
+    category: str = "language"
+    model: str = "m-large"
+    clients: tuple[int, ...] | None = Field(None, description="client ids; default: the busiest len(tenants)")
+    tenants: tuple[str, ...] = Field(description="client i feeds tenant i")
+    start_s: float = Field(0.0, ge=0)
+    rate_scale: float = Field(1.0, gt=0, description="multiply ServeGen rates (production rates are huge)")
+
+
+Stream = Annotated[Union[SyntheticStream, TraceStream, ServeGenStream], Field(discriminator="source")]
+
+
+class ReplayConfig(_Strict):
+    schedulers: tuple[str, ...] = Field(("dedicated", "temporal-mux", "realloc"), description="schedulers to compare")
+    duration_s: float = Field(60.0, gt=0, description="simulated seconds of arrivals to replay")
+    rate_scales: tuple[float, ...] = Field((1.0,), description="time compressions of the workload to run")
+    grain: Literal["op", "block", "layer"] = Field("block", description="slice grain")
+    perturbation_cv: float = Field(0.05, ge=0, description="seeded variation of real op durations")
+    drain_s: float = Field(120.0, ge=0, description="extra simulated time to finish in-flight requests")
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 0
+    cluster: ClusterConfig = ClusterConfig()
+    tenants: tuple[TenantConfig, ...] = Field(min_length=1)
+    streams: tuple[Stream, ...] = Field(min_length=1)
+    replay: ReplayConfig = ReplayConfig()
+    source_path: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must be unique, got {names}")
+        for s in self.streams:
+            unknown = [t for t in s.tenants if t not in names]
+            if unknown:
+                raise ValueError(f"stream feeds unknown tenant(s) {unknown}; tenants are {names}")
+        n = self.cluster.nodes * self.cluster.devices_per_node
+        used = [d for t in self.tenants for d in (t.devices or ())]
+        if any(d < 0 or d >= n for d in used):
+            raise ValueError(f"a tenant's devices fall outside the cluster's 0..{n - 1}")
+        if sum(t.tp for t in self.tenants) > n:
+            raise ValueError(f"tenants need {sum(t.tp for t in self.tenants)} devices, the cluster has {n}")
+        return self
+
+    def resolve_path(self, p: str) -> Path:
+        """A path from the scenario: 'shared:' is the shared data folder, others are relative to the file."""
+        if p.startswith("shared:"):
+            return shared_dir(Path(self.source_path).parent if self.source_path else Path.cwd()) / p[7:]
+        base = Path(self.source_path).parent if self.source_path else Path.cwd()
+        return (base / p).resolve()
+
+
+def shared_dir(start: Path | None = None) -> Path:
+    """The shared data folder: $SLICESCHED_SHARED, else the nearest ancestor's `shared/` with traces."""
+    env = os.environ.get("SLICESCHED_SHARED")
+    if env:
+        return Path(env)
+    for d in [*(start or Path.cwd()).resolve().parents, (start or Path.cwd()).resolve()]:
+        for cand in (d / "shared", d.parent / "shared"):
+            if (cand / "traces").is_dir():
+                return cand
+    return Path(__file__).resolve().parents[4].parent / "shared"
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario TOML file; every mistake is one InputError line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError("scenario file not found", file=str(p)) from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        line = getattr(e, "lineno", None) or _line_from_msg(str(e))
+        raise InputError(f"invalid TOML: {str(e).split(' (at')[0]}", file=str(p), line=line) from None
+    return parse_scenario(raw, source=str(p), text=text)
+
+
+def parse_scenario(raw: dict, source: str = "<scenario>", text: str = "") -> Scenario:
+    try:
+        return Scenario.model_validate({**raw, "source_path": source if source != "<scenario>" else None})
+    except ValidationError as e:
+        errs = e.errors()
+        # A misspelled key also makes its real name "missing": report the misspelling.
+        err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
+        field = _dotted(err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field" + _suggest(err["loc"], errs)
+        if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":
+            msg = "'source' must be one of synthetic, trace, servegen"
+        msg = msg.removeprefix("Value error, ")
+        raise InputError(msg, file=source, line=_line_of(text, err["loc"]), field=field) from None
+
+
+def _suggest(loc: tuple, errs: list) -> str:
+    missing = [x["loc"][-1] for x in errs if x["type"] == "missing" and x["loc"][:-1] == loc[:-1]]
+    close = difflib.get_close_matches(str(loc[-1]), [str(m) for m in missing], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("synthetic", "trace", "servegen") and out:
+            continue  # discriminator tag pydantic inserts into the location
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def _line_of(text: str, loc: tuple) -> int | None:
+    """Best-effort line of the offending key: the n-th table of an array, then the key in it."""
+    lines = text.splitlines()
+    start, table_key = 0, None
+    if loc and isinstance(loc[0], str) and len(loc) > 1 and isinstance(loc[1], int):
+        table_key, idx = loc[0], loc[1]
+        hits = [i for i, line in enumerate(lines) if re.match(rf"\s*\[\[\s*{re.escape(table_key)}\s*\]\]", line)]
+        if idx < len(hits):
+            start = hits[idx]
+    keys = [k for k in loc if isinstance(k, str) and k != table_key]
+    for key in reversed(keys):
+        for i in range(start, len(lines)):
+            if re.match(rf"\s*{re.escape(key)}\s*=", lines[i]) or re.search(rf"[{{,]\s*{re.escape(key)}\s*=", lines[i]):
+                return i + 1
+    return start + 1 if table_key else None
+
+
+def _line_from_msg(msg: str) -> int | None:
+    m = re.search(r"line (\d+)", msg)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,77 @@
+import textwrap
+
+import pytest
+
+from slicesched.config import load_scenario
+from slicesched.errors import InputError
+
+GOOD = textwrap.dedent("""\
+    name = "two"
+    [cluster]
+    device = "H100-80GB"
+    devices_per_node = 4
+
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+
+    [[tenants]]
+    name = "b"
+    model = "llama-3-8b"
+    tp = 2
+
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a", "b"]
+    rate = 2.0
+    """)
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return p
+
+
+def test_good_scenario_loads(tmp_path):
+    s = load_scenario(write(tmp_path, GOOD))
+    assert [t.name for t in s.tenants] == ["a", "b"] and s.tenants[1].tp == 2
+
+
+def test_misspelled_field_fails_with_one_line_naming_it(tmp_path):
+    p = write(tmp_path, GOOD.replace('model = "llama-3-8b"', 'modle = "llama-3-8b"'))
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"{p}:12: field 'tenants[1].modle': unknown field (did you mean 'model'?)" == msg
+
+
+def test_out_of_range_value_names_field_and_expectation(tmp_path):
+    with pytest.raises(InputError, match=r"streams\[0\]\.rate.*greater than 0"):
+        load_scenario(write(tmp_path, GOOD.replace("rate = 2.0", "rate = -1.0")))
+
+
+def test_unknown_stream_source(tmp_path):
+    with pytest.raises(InputError, match="'source' must be one of"):
+        load_scenario(write(tmp_path, GOOD.replace('"synthetic"', '"poisson"')))
+
+
+def test_stream_for_unknown_tenant(tmp_path):
+    with pytest.raises(InputError, match="unknown tenant"):
+        load_scenario(write(tmp_path, GOOD.replace('["a", "b"]', '["a", "c"]')))
+
+
+def test_too_many_devices_requested(tmp_path):
+    with pytest.raises(InputError, match="cluster has 4"):
+        load_scenario(write(tmp_path, GOOD.replace("tp = 2", "tp = 4")))
+
+
+def test_invalid_toml_names_line(tmp_path):
+    with pytest.raises(InputError, match=r"s\.toml:3: invalid TOML"):
+        load_scenario(write(tmp_path, "name = 'x'\n[cluster]\ndevice = \n"))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        load_scenario(tmp_path / "nope.toml")

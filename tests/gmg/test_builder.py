@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+
+from slicesched.gmg import BatchShape, Grain, OpKind, block_weight_bytes, build_iteration
+from slicesched.models.spec import model_spec
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return model_spec("llama-3-8b")
+
+
+def test_qkv_gemm_flops_are_2mnk(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(64, 100))
+    qkv = g.flops[g.kind == OpKind.QKV_PROJ][0]
+    assert qkv == 2 * 64 * 4096 * (4096 + 2 * 1024)
+
+
+def test_op_weight_bytes_sum_to_model_weights(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(8, 100))
+    assert g.weight_bytes.sum() == llama8b.weight_bytes()
+
+
+def test_tensor_parallel_shards_gemm_flops(llama8b):
+    one = build_iteration(llama8b, BatchShape.prefill(512), tp=1)
+    two = build_iteration(llama8b, BatchShape.prefill(512), tp=2)
+    k = OpKind.MLP_UP
+    assert two.flops[two.kind == k].sum() * 2 == one.flops[one.kind == k].sum()
+
+
+def test_all_reduce_only_with_tensor_parallelism(llama8b):
+    assert not (build_iteration(llama8b, BatchShape.decode(4, 10)).kind == OpKind.ALL_REDUCE).any()
+    g = build_iteration(llama8b, BatchShape.decode(4, 10), tp=4)
+    assert (g.kind == OpKind.ALL_REDUCE).sum() == 2 * llama8b.layers
+
+
+def test_causal_prefill_attention_flops(llama8b):
+    g = build_iteration(llama8b, BatchShape.prefill(100))
+    keys = 100 * 101 // 2
+    assert g.flops[g.kind == OpKind.ATTENTION][0] == 4 * 128 * 32 * keys
+
+
+def test_kv_written_is_kv_bytes_per_new_token(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(10, 50))
+    assert g.kv_write_bytes.sum() == 10 * llama8b.kv_bytes_per_token()
+
+
+def test_decode_reads_whole_kv_context(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(2, 999))
+    attn = g.kind == OpKind.ATTENTION
+    kv_read = g.bytes_read[attn][0] - 2 * 4096 * 2  # minus the query
+    assert kv_read == 2 * 1000 * 2 * 1024 * 2
+
+
+def test_edges_form_a_dag_in_topological_order(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(4, 10))
+    assert (g.edge_src < g.edge_dst).all()
+
+
+@pytest.mark.parametrize("grain,per_layer", [(Grain.OP, None), (Grain.BLOCK, 2), (Grain.LAYER, 1)])
+def test_slice_count_by_grain(llama8b, grain, per_layer):
+    g = build_iteration(llama8b, BatchShape.decode(4, 10), grain=grain)
+    expected = g.num_ops if per_layer is None else 2 + per_layer * llama8b.layers
+    assert g.num_slices == expected
+
+
+def test_slices_chain_one_after_another(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(4, 10), grain=Grain.LAYER)
+    src, dst = g.slice_deps()
+    assert (dst - src == 1).all() and len(src) == g.num_slices - 1
+
+
+def test_moe_resident_weights_cover_all_experts():
+    m = model_spec("mixtral-8x7b")
+    g = build_iteration(m, BatchShape.decode(1, 10))
+    assert g.weight_bytes.sum() == m.weight_bytes()
+    experts = g.kind == OpKind.MOE_EXPERTS
+    # one token touches 2 of 8 experts: far fewer bytes read than resident
+    assert g.bytes_read[experts][0] < 0.3 * g.weight_bytes[experts][0]
+
+
+def test_tied_head_reads_embedding_block():
+    m = model_spec("gpt2")
+    g = build_iteration(m, BatchShape.decode(1, 10))
+    head = g.kind == OpKind.LM_HEAD
+    assert g.wblock[head][0] == 2 * m.layers and g.weight_bytes[head][0] == 0
+
+
+def test_block_weight_bytes_sum_to_model():
+    m = model_spec("qwen2.5-7b")
+    assert block_weight_bytes(m).sum() == m.weight_bytes()
+
+
+def test_shapes_recorded_on_request(llama8b):
+    g = build_iteration(llama8b, BatchShape.decode(64, 10), with_shapes=True)
+    qkv = int(np.flatnonzero(g.kind == OpKind.QKV_PROJ)[0])
+    assert g.shapes[qkv] == ((64, 4096), (4096, 6144), (64, 6144))
