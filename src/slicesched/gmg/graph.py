@@ -51,7 +51,7 @@ class _LiveIteration:
 
 _FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_bytes", "kv_bytes")
 _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
-             ("group", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
+             ("group", np.int32), ("home", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
 
 
 class _IntervalLog:
@@ -143,8 +143,12 @@ class GlobalMappingGraph:
         return self._cols[name][np.asarray(ids) & self._mask]
 
     # ---- iterations ------------------------------------------------------------------
-    def add_iteration(self, graph: IterationGraph, now: float = 0.0) -> IterationHandle:
-        """Register one forward pass; its first slices become ready at `now`."""
+    def add_iteration(self, graph: IterationGraph, now: float = 0.0, home: int = -1) -> IterationHandle:
+        """Register one forward pass; its first slices become ready at `now`.
+
+        `home` is the device group of the serving engine (container or replica) that formed the
+        batch: where its KV cache lives and where a container-granularity scheduler runs it.
+        """
         n = graph.num_slices
         if self._next_id + n - min((it.base for it in self.iterations.values()), default=self._next_id) > self._cap:
             self._grow(n)
@@ -160,6 +164,7 @@ class GlobalMappingGraph:
         c["local"][idx] = np.arange(n)
         c["state"][idx] = np.where(preds == 0, SliceState.READY, SliceState.PENDING)
         c["group"][idx] = -1
+        c["home"][idx] = home
         c["preds_left"][idx] = preds
         c["ready_t"][idx] = np.where(preds == 0, now, np.inf)
         c["start_t"][idx] = np.inf
