@@ -44,8 +44,10 @@ class ClusterConfig(_Strict):
 class TenantConfig(_Strict):
     name: str = Field(description="tenant name, unique in the scenario")
     model: str = Field(description="shipped model name (e.g. 'llama-3-8b') or a path to a HF config.json")
-    tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree = devices in the container")
-    devices: tuple[int, ...] | None = Field(None, description="container devices; default: packed in order")
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree = devices in one replica")
+    replicas: int = Field(1, ge=1, le=64, description="data-parallel replicas (containers) of the model")
+    devices: tuple[int, ...] | None = Field(None, description="devices of all replicas (tp x replicas); "
+                                            "default: packed in order")
     ttft_slo_s: float | None = Field(None, gt=0, description="absolute TTFT SLO; default sla_scale x isolated")
     tpot_slo_s: float | None = Field(None, gt=0, description="absolute TPOT SLO; default sla_scale x isolated")
     sla_scale: float = Field(5.0, gt=1, description="SLO as a multiple of the isolated single-request latency")
@@ -55,8 +57,9 @@ class TenantConfig(_Strict):
 
     @model_validator(mode="after")
     def _devices_match_tp(self) -> "TenantConfig":
-        if self.devices is not None and len(self.devices) != self.tp:
-            raise ValueError(f"'devices' lists {len(self.devices)} devices but tp = {self.tp}")
+        if self.devices is not None and len(self.devices) != self.tp * self.replicas:
+            raise ValueError(f"'devices' lists {len(self.devices)} devices but tp x replicas = "
+                             f"{self.tp * self.replicas}")
         return self
 
 
@@ -69,7 +72,7 @@ class SyntheticStream(_Strict):
     prompt_sigma: float = Field(1.0, ge=0)
     output_mean: float = Field(256.0, gt=0)
     output_sigma: float = Field(1.0, ge=0)
-    popularity: Literal["powerlaw", "uniform", "round-robin"] = "powerlaw"
+    popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0, description="power-law exponent of tenant popularity")
 
 
@@ -78,7 +81,7 @@ class TraceStream(_Strict):
     path: str = Field(description="trace file; 'shared:' prefix resolves to the shared data folder")
     format: str | None = Field(None, description="azure | mooncake | burstgpt | csv (default: sniffed)")
     tenants: tuple[str, ...]
-    popularity: Literal["powerlaw", "uniform", "round-robin"] = "powerlaw"
+    popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0)
     start_s: float = Field(0.0, ge=0, description="window start within the trace")
 
@@ -104,6 +107,10 @@ class ReplayConfig(_Strict):
     grain: Literal["op", "block", "layer"] = Field("block", description="slice grain")
     perturbation_cv: float = Field(0.05, ge=0, description="seeded variation of real op durations")
     drain_s: float = Field(120.0, ge=0, description="extra simulated time to finish in-flight requests")
+    gpu_memory_utilization: float = Field(0.9, gt=0.1, le=1.0, description="share of device memory for "
+                                          "weights + KV cache (the rest is activation headroom), as in vLLM")
+    realloc_interval_s: float = Field(30.0, gt=0, description="how often the realloc baseline rebalances")
+    realloc_warmup_s: float = Field(5.0, ge=0, description="engine start-up after a model's weights land")
 
 
 class Scenario(_Strict):
@@ -128,8 +135,11 @@ class Scenario(_Strict):
         used = [d for t in self.tenants for d in (t.devices or ())]
         if any(d < 0 or d >= n for d in used):
             raise ValueError(f"a tenant's devices fall outside the cluster's 0..{n - 1}")
-        if sum(t.tp for t in self.tenants) > n:
-            raise ValueError(f"tenants need {sum(t.tp for t in self.tenants)} devices, the cluster has {n}")
+        need = sum(t.tp * t.replicas for t in self.tenants)
+        if need > n:
+            raise ValueError(f"tenants need {need} devices, the cluster has {n}")
+        if len(used) != len(set(used)):
+            raise ValueError("two tenants list the same device; co-location is a scheduler's choice")
         return self
 
     def resolve_path(self, p: str) -> Path:

@@ -114,8 +114,9 @@ def _head_rows(m: ModelSpec, tp: int, s: BatchShape) -> tuple[_Row, list[_Row]]:
     L = s.logits_seqs  # only the last position of each finishing sequence needs logits
     v = m.vocab // tp
     embed_w = (m.vocab // tp + m.learned_positions) * h * b
+    # A gather: only the rows of the batch's tokens are read, not the whole table.
     embed = _Row(OpKind.EMBED, T * h if m.learned_positions else 0, T * 8 + act, act, embed_w, act, inputs=(),
-                 shape=((T,), (m.vocab, h), (T, h)))
+                 weights_read=(2 if m.learned_positions else 1) * act, shape=((T,), (m.vocab, h), (T, h)))
     head_w = 0 if m.tie_embeddings else v * h * b
     head = [
         _Row(OpKind.NORM, 4 * T * h, act, act, m.norm_params() * b, act, shape=((T, h), (T, h))),

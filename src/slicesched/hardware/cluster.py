@@ -21,6 +21,7 @@ class NodeSpec:
     device_type: str
     num_devices: int
     intra_link: str = "nvlink4"
+    host_link: str = "pcie5"  # host memory <-> each device (weight loads from host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class Cluster:
         for n, node in enumerate(self.nodes):
             spec = device_spec(node.device_type)
             link_spec(node.intra_link)
+            link_spec(node.host_link)
             specs += [spec] * node.num_devices
             node_of += [n] * node.num_devices
         link_spec(self.inter_link)
@@ -77,6 +79,10 @@ class Cluster:
         if na == nb:
             return link_spec(self.nodes[na].intra_link)
         return link_spec(self.inter_link)
+
+    def host_link(self, device: int) -> LinkSpec:
+        """The path from host memory to a device (each device has its own PCIe link)."""
+        return link_spec(self.nodes[self.device_node[device]].host_link)
 
     def group_id(self, devices: tuple[int, ...]) -> int:
         """Stable small id of a device group, registering it on first use."""

@@ -1,0 +1,16 @@
+"""Schedulers behind one two-phase interface, and the registry that names them."""
+
+from slicesched.sched import baselines as _baselines  # noqa: F401  (registers the baselines)
+from slicesched.sched.interface import (SCHEDULERS, Backend, ContainerMove, OOMEvent, ReplicaLoad, Scheduler,
+                                        SchedulerDecision, ServingView, SliceCompletion, SlicePlacement, StepOutcome,
+                                        TenantLoad, WeightCopy, WeightEviction)
+
+
+def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
+    cls = SCHEDULERS.get(name)
+    return cls.from_scenario(scenario) if scenario is not None else cls()
+
+
+__all__ = ["SCHEDULERS", "Backend", "ContainerMove", "OOMEvent", "ReplicaLoad", "Scheduler", "SchedulerDecision",
+           "ServingView", "SliceCompletion", "SlicePlacement", "StepOutcome", "TenantLoad", "WeightCopy",
+           "WeightEviction", "make_scheduler"]

@@ -55,6 +55,17 @@ class WeightEviction:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerMove:
+    """Container-granularity reallocation: the replica of `from_tenant` on `devices` drains,
+    then `to_tenant`'s weights are loaded there and it serves as a new replica. The driver
+    carries it out and pays its costs (drain, weight load, warm-up)."""
+
+    devices: tuple[int, ...]
+    from_tenant: str
+    to_tenant: str
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerDecision:
     """Everything a scheduler decided at one instant; backends must not modify it."""
 
@@ -62,10 +73,11 @@ class SchedulerDecision:
     placements: tuple[SlicePlacement, ...] = ()
     weight_copies: tuple[WeightCopy, ...] = ()
     evictions: tuple[WeightEviction, ...] = ()
+    container_moves: tuple[ContainerMove, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.placements or self.weight_copies or self.evictions)
+        return not (self.placements or self.weight_copies or self.evictions or self.container_moves)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +111,53 @@ class StepOutcome:
     ooms: tuple[OOMEvent, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    """Serving-level state of one tenant that the GMG does not hold (queues, KV use)."""
+
+    tenant: str
+    waiting: int  # requests queued, not admitted
+    running: int  # requests holding KV
+    replicas: int  # active replicas
+    kv_used_frac: float  # KV blocks in use / pool, averaged over replicas
+    arrivals_per_s: float  # recent arrival rate (exponentially weighted)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    tenant: str
+    devices: tuple[int, ...]
+    waiting: int
+    running: int
+    draining: bool
+
+
+class ServingView(Protocol):
+    """Read-only serving state a driver offers to schedulers that need it."""
+
+    def tenant_loads(self) -> dict[str, TenantLoad]: ...
+
+    def replica_loads(self) -> tuple[ReplicaLoad, ...]: ...
+
+
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
     name: ClassVar[str] = ""
+
+    @classmethod
+    def from_scenario(cls, scenario: object) -> "Scheduler":
+        """Build with the scenario's settings; schedulers without settings take none."""
+        return cls()
+
+    def deployment(self, default: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Called once by the driver before the run with the scenario's replicas as
+        (tenant, devices) pairs; returns the replicas to serve with. Container-granularity
+        baselines change the packing here (e.g. co-location); the default keeps it."""
+        return default
+
+    def attach(self, view: ServingView) -> None:
+        """Called once by the driver before the run; schedulers that need queue state keep `view`."""
 
     @abstractmethod
     def schedule(self, gmg: "GlobalMappingGraph", now: float) -> SchedulerDecision:

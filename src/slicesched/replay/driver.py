@@ -1,0 +1,313 @@
+"""The replay driver: requests -> tenant engines -> GMG iterations -> scheduler -> simulator.
+
+One loop, the data path of DESIGN.md section 3:
+
+    arrivals --route--> replica engines --next_batch--> build_iteration --> gmg.add_iteration
+    scheduler.schedule(gmg) --> decision --> sim.execute(decision, until=next wake-up)
+    outcome.finished_iterations --> engine.on_batch_done --> metrics
+
+Every scheduler gets the same cluster, trace, models, batching engine and cost model; only the
+decisions differ. The simulator runs with perturbed op durations (the environment), while
+schedulers that look ahead use the cost model alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from slicesched.config.scenario import Scenario
+from slicesched.cost import CostModel, make_cost_model
+from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, block_weight_bytes, build_iteration
+from slicesched.hardware.cluster import Container
+from slicesched.models.spec import ModelSpec, model_spec
+from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
+from slicesched.sched.interface import ContainerMove, OOMEvent, ReplicaLoad, Scheduler, TenantLoad
+from slicesched.serving import SLA, Batch, KVBlockManager, Request, TenantEngine, blocks_for
+from slicesched.sim import Perturbation, Simulator
+from slicesched.traces import Trace
+
+BLOCK_TOKENS = 16
+_GRAINS = {"op": Grain.OP, "block": Grain.BLOCK, "layer": Grain.LAYER}
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    """A serving replica: its engine, device group and the KV bytes already charged to memory."""
+
+    replica: Replica
+    group: int
+    engine: TenantEngine
+    kv_bytes_per_token: float  # per device
+    kv_charged: float = 0.0
+    draining: bool = False
+    move_to: str | None = None
+
+    @property
+    def load(self) -> int:
+        return self.engine.num_waiting + self.engine.num_running
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    wall_s: float
+    iterations: int
+    op_events: int
+    ooms: int
+    container_moves: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything a report needs from one replay of one scheduler at one rate scale."""
+
+    scheduler: str
+    rate_scale: float
+    requests: list[Request]
+    makespan_s: float
+    slas: dict[str, SLA]
+    busy: dict[int, np.ndarray]  # device -> (n, 2) busy intervals
+    num_devices: int
+    stats: RunStats
+    ooms: list[OOMEvent] = field(default_factory=list)
+    timeline: dict | None = None  # Perfetto trace, when recorded
+
+
+def isolated_slas(sc: Scenario, cost: CostModel, trace: Trace) -> dict[str, SLA]:
+    """Per tenant: absolute SLOs, or sla_scale x the latency of the tenant's median request
+    running alone on its own container (prefill for TTFT, batch-1 decode for TPOT)."""
+    cluster = build_cluster(sc)
+    dev = cluster.device_specs[0]
+    out = {}
+    tenants = np.asarray(trace.tenant) if trace.tenant is not None else np.array([])
+    for t in sc.tenants:
+        m = model_spec(t.model)
+        mine = tenants == t.name
+        prompt = int(np.median(trace.prompt_tokens[mine])) if mine.any() else 512
+        link = cluster.link(0, 1) if t.tp > 1 else cluster.link(0, 0)
+        ttft = cost.op_times(build_iteration(m, BatchShape.prefill(prompt), t.tp), dev, link).sum()
+        tpot = cost.op_times(build_iteration(m, BatchShape.decode(1, prompt), t.tp), dev, link).sum()
+        scaled = SLA.scaled(float(ttft), float(tpot), t.sla_scale)
+        out[t.name] = SLA(t.ttft_slo_s or scaled.ttft_s, t.tpot_slo_s or scaled.tpot_s)
+    return out
+
+
+class ReplayDriver:
+    """Replays one trace through one scheduler on the simulated cluster of a scenario."""
+
+    def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
+                 cost: CostModel | None = None, slas: dict[str, SLA] | None = None,
+                 record_timeline: bool = False) -> None:
+        self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
+        self.slas = slas or {}
+        self.cost = cost or make_cost_model("roofline")
+        self.cluster = build_cluster(sc)
+        self.models: dict[str, ModelSpec] = {t.name: model_spec(t.model) for t in sc.tenants}
+        self.cfg = {t.name: t for t in sc.tenants}
+        self.grain = _GRAINS[sc.replay.grain]
+        pairs = scheduler.deployment(default_replicas(sc, self.cluster))
+        replicas = [Replica(t, devs) for t, devs in pairs]
+        containers = {}
+        for r in replicas:
+            containers.setdefault(r.tenant, r)
+        self.gmg = GlobalMappingGraph(self.cluster, self.models,
+                                      {t: Container(t, r.devices) for t, r in containers.items()})
+        self.sim = Simulator(self.gmg, self.cost, perturbation=Perturbation(
+            seed=sc.seed, duration_cv=sc.replay.perturbation_cv), record=record_timeline)
+        self.replicas: list[ReplicaState] = []
+        pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization)
+        for r, pool in zip(replicas, pools):
+            self.replicas.append(self._start_replica(r, pool))
+        self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
+            zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
+        self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
+        self._activations: list[tuple[float, Replica]] = []  # (ready time, replica) being loaded
+        self._rate = {t: 0.0 for t in self.models}
+        self._last_arrival = {t: 0.0 for t in self.models}
+        self.ooms: list[OOMEvent] = []
+        self.iterations = 0
+        self.moves = 0
+        scheduler.attach(self)
+
+    # ---- replicas ---------------------------------------------------------------------------
+    def _start_replica(self, r: Replica, kv_pool: float) -> ReplicaState:
+        m, cfg = self.models[r.tenant], self.cfg[r.tenant]
+        for blk, nb in enumerate(block_weight_bytes(m, r.tp)):
+            for d in r.devices:
+                self.gmg.add_weights(r.tenant, blk, d, float(nb))
+        per_tok = m.kv_bytes_per_token() / r.tp
+        kv = KVBlockManager(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
+        engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
+                              max_inflight_batches=1)
+        return ReplicaState(r, self.cluster.group_id(r.devices), engine, per_tok)
+
+    def tenant_loads(self) -> dict[str, TenantLoad]:
+        """ServingView for schedulers: queue and KV state per tenant."""
+        out = {}
+        for t in self.models:
+            reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
+            waiting = sum(rs.engine.num_waiting for rs in reps)
+            running = sum(rs.engine.num_running for rs in reps)
+            kv = float(np.mean([rs.engine.kv.used_blocks / rs.engine.kv.num_blocks for rs in reps])) if reps else 0.0
+            out[t] = TenantLoad(t, waiting, running, len(reps), kv, self._rate[t])
+        return out
+
+    def replica_loads(self) -> tuple[ReplicaLoad, ...]:
+        return tuple(ReplicaLoad(rs.replica.tenant, rs.replica.devices, rs.engine.num_waiting,
+                                 rs.engine.num_running, rs.draining) for rs in self.replicas)
+
+    def replicas_of(self, tenant: str) -> list[ReplicaState]:
+        return [rs for rs in self.replicas if rs.replica.tenant == tenant]
+
+    # ---- main loop --------------------------------------------------------------------------
+    def run(self, progress: Callable[[float], None] | None = None) -> RunResult:
+        t_wall = time.perf_counter()
+        reqs = self.requests
+        n, i = len(reqs), 0
+        horizon = (reqs[-1].arrival_s if reqs else 0.0) + self.sc.replay.drain_s
+        stalls = 0
+        while True:
+            now = self.sim.now
+            while i < n and reqs[i].arrival_s <= now:
+                self._route(reqs[i])
+                i += 1
+            self._activate_loaded(now)
+            self._launch_batches(now)
+            decision = self.scheduler.schedule(self.gmg, now)
+            self._apply_moves(decision.container_moves)
+            wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
+            if not self.inflight and i >= n and not self._activations:
+                break
+            if now >= horizon:
+                break
+            outcome = self.sim.execute(decision, until=wake)
+            self.scheduler.update(outcome)
+            for key in outcome.finished_iterations:
+                self._complete(key, outcome.time)
+            for oom in outcome.ooms:
+                self._on_oom(oom)
+            progressed = outcome.completed or outcome.finished_iterations or outcome.time > now
+            stalls = 0 if progressed else stalls + 1
+            if stalls > 3:
+                raise RuntimeError(f"replay stalled at t={now:.6f}s: scheduler '{self.scheduler.name}' "
+                                   f"leaves {len(self.gmg.unmapped_ready())} ready slices unplaced")
+            if progress is not None:
+                progress(self.sim.now)
+        return self._result(time.perf_counter() - t_wall)
+
+    def _route(self, req: Request) -> None:
+        """Send an arrival to the least-loaded active replica of its tenant."""
+        t = req.tenant
+        gap = max(req.arrival_s - self._last_arrival[t], 1e-6)
+        self._rate[t] = 0.9 * self._rate[t] + 0.1 / gap  # EWMA of the instantaneous rate
+        self._last_arrival[t] = req.arrival_s
+        reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
+        if not reps:  # every replica is moving: queue on the least loaded draining one
+            reps = self.replicas_of(t)
+        min(reps, key=lambda rs: rs.load).engine.add_request(req, req.arrival_s)
+
+    def _launch_batches(self, now: float) -> None:
+        for rs in self.replicas:
+            eng = rs.engine
+            while eng.num_inflight < eng.max_inflight_batches:
+                batch = eng.next_batch(now)
+                if batch is None:
+                    break
+                self._launch(rs, batch, now)
+
+    def _launch(self, rs: ReplicaState, batch: Batch, now: float) -> None:
+        new, ctx, _ = batch.as_arrays()
+        shape = BatchShape(new, ctx, batch.num_seqs)
+        graph = build_iteration(self.models[rs.replica.tenant], shape, rs.replica.tp, self.grain,
+                                rs.replica.tenant, batch.iteration)
+        h = self.gmg.add_iteration(graph, now, home=rs.group)
+        self.inflight[h.key] = (rs, batch)
+        self.iterations += 1
+        self._charge_kv(rs, now)
+
+    def _complete(self, key: int, t: float) -> None:
+        rs, batch = self.inflight.pop(key)
+        rs.engine.on_batch_done(batch, t)
+        self.gmg.retire(key)
+        self._charge_kv(rs, t)
+        if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
+            self._finish_drain(rs, t)
+
+    def _charge_kv(self, rs: ReplicaState, t: float) -> None:
+        """Keep device memory in step with the KV blocks the engine holds."""
+        used = rs.engine.kv.used_blocks * BLOCK_TOKENS * rs.kv_bytes_per_token
+        delta = used - rs.kv_charged
+        if delta > 0:
+            oom = self.sim.alloc_kv(rs.replica.devices, delta, rs.replica.tenant)
+            if oom is not None:
+                self._on_oom(oom)
+                return
+        elif delta < 0:
+            self.sim.free_kv(rs.replica.devices, -delta, rs.replica.tenant)
+        rs.kv_charged = used
+
+    def _on_oom(self, oom: OOMEvent) -> None:
+        """An OOM is paid for: every replica on the device preempts and recomputes its requests."""
+        self.ooms.append(oom)
+        for rs in self.replicas:
+            if oom.device in rs.replica.devices:
+                rs.engine.preempt_all(oom.time)
+                self._charge_kv(rs, oom.time)
+
+    # ---- container moves (realloc baseline) -------------------------------------------------
+    def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
+        for mv in moves:
+            rs = next((r for r in self.replicas if r.replica.tenant == mv.from_tenant
+                       and r.replica.devices == tuple(mv.devices) and not r.draining), None)
+            if rs is None or len([r for r in self.replicas_of(mv.from_tenant) if not r.draining]) < 2:
+                continue  # never leave a tenant without a replica
+            rs.draining, rs.move_to = True, mv.to_tenant
+            self.moves += 1
+            if not rs.engine.has_work() and rs.engine.num_inflight == 0:
+                self._finish_drain(rs, self.sim.now)
+
+    def _finish_drain(self, rs: ReplicaState, t: float) -> None:
+        """Free the drained replica's devices and start loading the new model from host memory."""
+        self.replicas.remove(rs)
+        tenant, devs = rs.replica.tenant, rs.replica.devices
+        for blk in range(2 * self.models[tenant].layers + 2):
+            for d in devs:
+                if not any(d in o.replica.devices for o in self.replicas if o.replica.tenant == tenant):
+                    self.gmg.evict_weights(tenant, blk, d)
+        if rs.kv_charged > 0:
+            self.sim.free_kv(devs, rs.kv_charged, tenant)
+        new = Replica(rs.move_to or tenant, devs)
+        per_dev = float(block_weight_bytes(self.models[new.tenant], new.tp).sum())
+        # every device loads its shard from host memory over its own PCIe link, in parallel
+        load_s = max(self.cost.transfer_time(per_dev, self.cluster.host_link(d)) for d in devs)
+        self._activations.append((t + load_s + self.sc.replay.realloc_warmup_s, new))
+
+    def _next_activation(self) -> float:
+        return min((t for t, _ in self._activations), default=math.inf)
+
+    def _activate_loaded(self, now: float) -> None:
+        ready = [(t, r) for t, r in self._activations if t <= now]
+        if not ready:
+            return
+        self._activations = [(t, r) for t, r in self._activations if t > now]
+        for _, r in ready:
+            others = [o.replica for o in self.replicas] + [r]
+            pool = kv_pool_bytes(others, self.models, self.gmg.capacity_bytes,
+                                 self.sc.replay.gpu_memory_utilization)[-1]
+            self.replicas.append(self._start_replica(r, pool))
+
+    # ---- result -----------------------------------------------------------------------------
+    def _result(self, wall_s: float) -> RunResult:
+        ends = [r.finish_s for r in self.requests if r.finish_s is not None]
+        makespan = max([self.sim.now, *ends]) if ends else max(self.sim.now, 1e-9)
+        log = self.gmg.busy
+        dev, s, e = log.device[: log.n], log.start[: log.n], log.end[: log.n]
+        busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
+        stats = RunStats(wall_s, self.iterations, int(getattr(self.sim, "op_events", 0)), len(self.ooms), self.moves)
+        timeline = self.sim.perfetto() if getattr(self.sim, "record", False) else None
+        return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
+                         self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)

@@ -1,0 +1,59 @@
+"""Turn a scenario's streams into one time-ordered, tenant-labelled request trace."""
+
+from __future__ import annotations
+
+from slicesched.config.scenario import Scenario, ServeGenStream, SyntheticStream, TraceStream
+from slicesched.errors import InputError
+from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen_trace, synthetic_trace
+
+
+def scenario_trace(sc: Scenario, rate_scale: float = 1.0, duration_s: float | None = None) -> Trace:
+    """All streams merged, `duration_s` seconds of arrivals after compressing time by `rate_scale`.
+
+    Streams are generated for `duration_s * rate_scale` seconds of their own time, so that a
+    higher rate scale replays more of the same workload in the same wall window.
+    """
+    duration = sc.replay.duration_s if duration_s is None else duration_s
+    span = duration * rate_scale
+    parts = [_stream_trace(sc, i, s, span) for i, s in enumerate(sc.streams)]
+    merged = parts[0].merge(*parts[1:], name=sc.name) if len(parts) > 1 else parts[0]
+    return merged.scale_rate(rate_scale) if rate_scale != 1.0 else merged
+
+
+def _stream_trace(sc: Scenario, i: int, s, span: float) -> Trace:
+    seed = sc.seed * 1000 + i
+    if isinstance(s, SyntheticStream):
+        t = synthetic_trace(span, s.rate, s.cv, prompt_mean=s.prompt_mean, prompt_sigma=s.prompt_sigma,
+                            output_mean=s.output_mean, output_sigma=s.output_sigma, seed=seed, name=f"stream{i}")
+        return _assign(t, s.tenants, s.popularity, s.alpha, seed)
+    if isinstance(s, TraceStream):
+        t = load_trace(sc.resolve_path(s.path), s.format)
+        if len(t) == 0:
+            raise InputError("trace has no requests", file=str(sc.resolve_path(s.path)))
+        t = t.window(s.start_s, s.start_s + span)
+        return _assign(t, s.tenants, s.popularity, s.alpha, seed)
+    if isinstance(s, ServeGenStream):
+        return _servegen(sc, s, span, seed)
+    raise AssertionError(f"unhandled stream type {type(s).__name__}")
+
+
+def _assign(t: Trace, tenants: tuple[str, ...], popularity: str, alpha: float, seed: int) -> Trace:
+    return t.with_tenant(tenants[0]) if len(tenants) == 1 else t.assign_tenants(tenants, popularity, alpha, seed)
+
+
+def _servegen(sc: Scenario, s: ServeGenStream, span: float, seed: int) -> Trace:
+    """Client i feeds tenant i (default: the busiest clients of the window, busiest first).
+
+    ServeGen rates are multiplied by `s.rate_scale`: reading rate_scale x the window and
+    stretching it back, so the busiest production clients fit a test cluster.
+    """
+    root = sc.resolve_path(s.root)
+    window = span * s.rate_scale
+    clients = list(s.clients) if s.clients else [
+        c.client for c in list_servegen_clients(root, s.category, s.model, s.start_s, window)[: len(s.tenants)]]
+    t = servegen_trace(root, s.category, s.model, clients=clients, start_s=s.start_s, duration_s=window,
+                       seed=seed).scale_rate(s.rate_scale)
+    mapping = {f"{s.model}/{c}": name for c, name in zip(clients, s.tenants)}
+    df = t.to_frame()
+    df["tenant"] = df["tenant"].map(mapping)
+    return Trace.from_frame(t.name, df)
