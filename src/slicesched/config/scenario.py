@@ -191,6 +191,8 @@ def parse_scenario(raw: dict, source: str = "<scenario>", text: str = "") -> Sce
         if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":
             msg = "'source' must be one of synthetic, trace, servegen"
         msg = msg.removeprefix("Value error, ")
+        if field == "<root>":  # a whole-scenario check: no single field to name
+            raise InputError(msg, file=source) from None
         raise InputError(msg, file=source, line=_line_of(text, err["loc"]), field=field) from None
 
 

@@ -59,6 +59,7 @@ class RunStats:
     op_events: int
     ooms: int
     container_moves: int
+    rejected: int
 
 
 @dataclass(slots=True)
@@ -131,6 +132,7 @@ class ReplayDriver:
         self.ooms: list[OOMEvent] = []
         self.iterations = 0
         self.moves = 0
+        self.rejected = 0
         scheduler.attach(self)
 
     # ---- replicas ---------------------------------------------------------------------------
@@ -208,7 +210,11 @@ class ReplayDriver:
         reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
         if not reps:  # every replica is moving: queue on the least loaded draining one
             reps = self.replicas_of(t)
-        min(reps, key=lambda rs: rs.load).engine.add_request(req, req.arrival_s)
+        target = min(reps, key=lambda rs: rs.load).engine
+        if req.prompt_tokens >= target.max_model_len:
+            self.rejected += 1  # longer than the model/KV pool allows: refused, never served
+            return
+        target.add_request(req, req.arrival_s)
 
     def _launch_batches(self, now: float) -> None:
         for rs in self.replicas:
@@ -307,7 +313,8 @@ class ReplayDriver:
         log = self.gmg.busy
         dev, s, e = log.device[: log.n], log.start[: log.n], log.end[: log.n]
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
-        stats = RunStats(wall_s, self.iterations, int(getattr(self.sim, "op_events", 0)), len(self.ooms), self.moves)
+        stats = RunStats(wall_s, self.iterations, int(getattr(self.sim, "op_events", 0)), len(self.ooms), self.moves,
+                         self.rejected)
         timeline = self.sim.perfetto() if getattr(self.sim, "record", False) else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)

@@ -1,0 +1,98 @@
+import textwrap
+
+import numpy as np
+import pytest
+
+from slicesched.config import parse_scenario
+from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
+from slicesched.replay.workload import scenario_trace
+from slicesched.models.spec import model_spec
+import tomllib
+
+
+def scenario(text: str):
+    return parse_scenario(tomllib.loads(textwrap.dedent(text)))
+
+
+BASE = """
+    [cluster]
+    devices_per_node = 4
+    nodes = 2
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+    replicas = 2
+    [[tenants]]
+    name = "b"
+    model = "llama-2-13b"
+    tp = 2
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a", "b"]
+    rate = 20.0
+    popularity = "uniform"
+    [replay]
+    duration_s = 50
+"""
+
+
+def test_trace_covers_duration_and_labels_tenants():
+    t = scenario_trace(scenario(BASE))
+    assert set(t.tenants) == {"a", "b"}
+    assert t.arrival_s.max() < 50 and len(t) == pytest.approx(1000, rel=0.15)
+
+
+def test_rate_scale_keeps_window_and_multiplies_requests():
+    sc = scenario(BASE)
+    one, two = scenario_trace(sc, 1.0), scenario_trace(sc, 2.0)
+    assert two.arrival_s.max() < 50
+    assert len(two) == pytest.approx(2 * len(one), rel=0.1)
+
+
+def test_trace_is_deterministic_for_the_seed():
+    sc = scenario(BASE)
+    assert np.array_equal(scenario_trace(sc).arrival_s, scenario_trace(sc).arrival_s)
+
+
+def test_default_replicas_pack_tp_groups_inside_a_node():
+    sc = scenario(BASE)
+    reps = default_replicas(sc, build_cluster(sc))
+    assert reps == (("a", (0,)), ("a", (1,)), ("b", (2, 3)))
+
+
+def test_tp_group_moves_to_next_node_rather_than_straddle():
+    sc = scenario(BASE.replace('replicas = 2', 'replicas = 3'))
+    reps = default_replicas(sc, build_cluster(sc))
+    assert reps[-1] == ("b", (4, 5))
+
+
+def test_kv_pool_is_memory_left_after_weights():
+    m = {"a": model_spec("llama-2-7b")}
+    cap = np.array([80e9])
+    (pool,) = kv_pool_bytes([Replica("a", (0,))], m, cap, 0.9)
+    assert pool == pytest.approx(72e9 - m["a"].weight_bytes())
+
+
+def test_colocated_replicas_split_the_kv_pool():
+    m = {"a": model_spec("llama-2-7b"), "b": model_spec("llama-2-7b")}
+    cap = np.array([80e9, 80e9])
+    pools = kv_pool_bytes([Replica("a", (0, 1)), Replica("b", (0, 1))], m, cap, 0.9)
+    assert pools[0] == pytest.approx(pools[1])
+    assert pools[0] == pytest.approx((72e9 - m["a"].weight_bytes()) / 2, rel=1e-4)  # norms replicate
+
+
+def test_trace_stream_reads_real_azure_file(shared_traces):
+    sc = scenario(f"""
+        [[tenants]]
+        name = "a"
+        model = "llama-2-7b"
+        [[streams]]
+        source = "trace"
+        path = "{shared_traces / 'azure_llm_2023' / 'AzureLLMInferenceTrace_code.csv'}"
+        format = "azure"
+        tenants = ["a"]
+        [replay]
+        duration_s = 60
+    """)
+    t = scenario_trace(sc)
+    assert 0 < len(t) < 8819 and t.arrival_s.max() < 60
