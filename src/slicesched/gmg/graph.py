@@ -106,6 +106,7 @@ class GlobalMappingGraph:
         self.mem_weights = np.zeros(n)
         self.mem_kv = np.zeros(n)
         self.mem_act = np.zeros(n)
+        self.mem_xfer = np.zeros(n)  # in-flight transfer buffers (written by the simulator)
         self.busy = _IntervalLog()
         self.running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
         # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
@@ -116,6 +117,27 @@ class GlobalMappingGraph:
         self._cols = {c: np.zeros(cap) for c in _FLOAT_COLS}
         self._cols.update({c: np.zeros(cap, dt) for c, dt in _INT_COLS})
         self._mask = cap - 1
+
+    def fork(self) -> "GlobalMappingGraph":
+        """An independent copy for what-if simulation: columns, live iterations, ready set,
+        memory and residency are copied; busy history is shared copy-on-append; cluster, models
+        and containers are shared (read-only to backends)."""
+        g = GlobalMappingGraph.__new__(GlobalMappingGraph)
+        g.cluster, g.models, g.containers = self.cluster, self.models, self.containers
+        g.tenants, g.tenant_index = self.tenants, self.tenant_index
+        g._cap, g._mask = self._cap, self._mask
+        g._cols = {c: a.copy() for c, a in self._cols.items()}
+        g._next_id, g._next_key = self._next_id, self._next_key
+        g.iterations = {k: _LiveIteration(it.graph, it.base, it.remaining, it.succ_ptr, it.succ_idx)
+                        for k, it in self.iterations.items()}
+        g._ready = set(self._ready)
+        g.capacity_bytes = self.capacity_bytes
+        g.mem_weights, g.mem_kv = self.mem_weights.copy(), self.mem_kv.copy()
+        g.mem_act, g.mem_xfer = self.mem_act.copy(), self.mem_xfer.copy()
+        g.busy = [b.share() for b in self.busy]
+        g.running_on = self.running_on.copy()
+        g.resident = {t: r.copy() for t, r in self.resident.items()}
+        return g
 
     def _grow(self, need: int) -> None:
         oldest = min((it.base for it in self.iterations.values()), default=self._next_id)
@@ -234,6 +256,74 @@ class GlobalMappingGraph:
         it.remaining -= 1
         return newly, (int(c["iteration"][i]) if it.remaining == 0 else None)
 
+    def start_on(self, slice_id: int, t: float, devices: tuple[int, ...]) -> None:
+        """`start` for a caller that already knows the slice's devices (the simulator's hot loop)."""
+        i = slice_id & self._mask
+        self._cols["state"][i] = SliceState.RUNNING
+        self._cols["start_t"][i] = t
+        self._ready.discard(slice_id)
+        for d in devices:
+            self.running_on[d] = slice_id
+
+    def finish_on(self, slice_id: int, t: float, start: float, devices: tuple[int, ...], key: int,
+                  succ: tuple[int, ...] | list[int]) -> tuple[list[int], int | None]:
+        """`finish` for a caller that knows the slice's start, devices, iteration key and global
+        successor ids: the same updates with scalar writes, which beat numpy fancy indexing for
+        the one or two successors a slice usually has."""
+        c, m = self._cols, self._mask
+        i = slice_id & m
+        c["state"][i] = SliceState.DONE
+        c["end_t"][i] = t
+        for d in devices:
+            self.busy[d].append(start, t)
+            if self.running_on[d] == slice_id:
+                self.running_on[d] = -1
+        newly: list[int] = []
+        left_col = c["preds_left"]
+        for x in succ:
+            xi = x & m
+            left = left_col[xi] - 1
+            left_col[xi] = left
+            if left == 0:
+                c["state"][xi] = SliceState.READY
+                c["ready_t"][xi] = t
+                newly.append(x)
+        self._ready.update(newly)
+        it = self.iterations[key]
+        it.remaining -= 1
+        return newly, (key if it.remaining == 0 else None)
+
+    def finish_chain(self, first: int, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], int | None]:
+        """Mark slices first..first+len(starts)-1 done at once, as `start`/`finish` one by one would.
+
+        For a backend that ran a chain back to back on one group: every slice but the first has
+        the previous one as its only predecessor, and `first` was already `start`ed. Returns
+        what `finish` returns for the last slice.
+        """
+        k = len(starts)
+        if k > 1:
+            c = self._cols
+            ids = np.arange(first, first + k - 1) & self._mask
+            c["state"][ids] = SliceState.DONE
+            c["start_t"][ids] = starts[:-1]
+            c["end_t"][ids] = ends[:-1]
+            nxt = np.arange(first + 1, first + k) & self._mask
+            c["preds_left"][nxt] = 0
+            c["ready_t"][nxt] = ends[:-1]
+            for d in self.cluster.group(int(c["group"][ids[0]])):
+                self.busy[d].extend(starts[:-1], ends[:-1])
+            self.iteration_of(first)[0].remaining -= k - 1
+            self.start(first + k - 1, float(starts[-1]))
+        return self.finish(first + k - 1, float(ends[-1]))
+
+    def abort(self, key: int) -> IterationGraph:
+        """Forget a live iteration that will not finish (preempted for recomputation)."""
+        it = self.iterations.pop(key)
+        ids = range(it.base, it.base + it.graph.num_slices)
+        self._ready.difference_update(ids)
+        self.running_on[np.isin(self.running_on, np.asarray(ids))] = -1
+        return it.graph
+
     # ---- cluster-wide queries ----------------------------------------------------------
     def ready_slices(self) -> np.ndarray:
         """Ready, not yet started slices (mapped or not), sorted by id."""
@@ -277,8 +367,8 @@ class GlobalMappingGraph:
 
     # ---- memory ------------------------------------------------------------------------
     def mem_used(self) -> np.ndarray:
-        """Bytes in use per device: weights + KV cache + live activations."""
-        return self.mem_weights + self.mem_kv + self.mem_act
+        """Bytes in use per device: weights + KV cache + live activations + transfer buffers."""
+        return self.mem_weights + self.mem_kv + self.mem_act + self.mem_xfer
 
     def mem_free(self) -> np.ndarray:
         return self.capacity_bytes - self.mem_used()
