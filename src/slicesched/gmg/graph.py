@@ -63,11 +63,11 @@ class _IntervalLog:
 
     __slots__ = ("device", "start", "end", "end_max", "n")
 
-    def __init__(self) -> None:
-        self.device = np.empty(256, np.int32)
-        self.start = np.empty(256)
-        self.end = np.empty(256)
-        self.end_max = np.empty(256)
+    def __init__(self, size: int = 256) -> None:
+        self.device = np.empty(size, np.int32)
+        self.start = np.empty(size)
+        self.end = np.empty(size)
+        self.end_max = np.empty(size)
         self.n = 0
 
     def append(self, device: int, s: float, e: float) -> None:
@@ -78,6 +78,23 @@ class _IntervalLog:
         self.device[n], self.start[n], self.end[n] = device, s, e
         self.end_max[n] = e if n == 0 or e > self.end_max[n - 1] else self.end_max[n - 1]
         self.n = n + 1
+
+    def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
+        """Append intervals (s, e) for each of `devices` (a chain of slices reported at once)."""
+        n, m = self.n, len(s)
+        k = m * len(devices)
+        if n + k > len(self.start):
+            size = max(2 * len(self.start), n + k)
+            for name in self.__slots__[:-1]:
+                setattr(self, name, np.resize(getattr(self, name), size))
+        prev = self.end_max[n - 1] if n else -np.inf
+        self.device[n: n + k] = np.repeat(devices, m)
+        self.start[n: n + k] = np.tile(s, len(devices))
+        self.end[n: n + k] = np.tile(e, len(devices))
+        run_max = np.maximum.accumulate(e)
+        self.end_max[n: n + m] = np.maximum(run_max, prev)  # later devices repeat the same ends
+        self.end_max[n + m: n + k] = max(prev, float(run_max[-1]))
+        self.n = n + k
 
     def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         k = int(np.searchsorted(self.end_max[: self.n], t0, side="right"))
@@ -120,8 +137,9 @@ class GlobalMappingGraph:
 
     def fork(self) -> "GlobalMappingGraph":
         """An independent copy for what-if simulation: columns, live iterations, ready set,
-        memory and residency are copied; busy history is shared copy-on-append; cluster, models
-        and containers are shared (read-only to backends)."""
+        memory and residency are copied; cluster, models and containers are shared (read-only to
+        backends). The fork's busy history starts empty: intervals that ended before the fork do
+        not matter to any window after it, and copying a long history would make forks slow."""
         g = GlobalMappingGraph.__new__(GlobalMappingGraph)
         g.cluster, g.models, g.containers = self.cluster, self.models, self.containers
         g.tenants, g.tenant_index = self.tenants, self.tenant_index
@@ -134,7 +152,7 @@ class GlobalMappingGraph:
         g.capacity_bytes = self.capacity_bytes
         g.mem_weights, g.mem_kv = self.mem_weights.copy(), self.mem_kv.copy()
         g.mem_act, g.mem_xfer = self.mem_act.copy(), self.mem_xfer.copy()
-        g.busy = [b.share() for b in self.busy]
+        g.busy = _IntervalLog(4096)
         g.running_on = self.running_on.copy()
         g.resident = {t: r.copy() for t, r in self.resident.items()}
         return g
@@ -275,7 +293,7 @@ class GlobalMappingGraph:
         c["state"][i] = SliceState.DONE
         c["end_t"][i] = t
         for d in devices:
-            self.busy[d].append(start, t)
+            self.busy.append(d, start, t)
             if self.running_on[d] == slice_id:
                 self.running_on[d] = -1
         newly: list[int] = []
@@ -293,28 +311,28 @@ class GlobalMappingGraph:
         it.remaining -= 1
         return newly, (key if it.remaining == 0 else None)
 
-    def finish_chain(self, first: int, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], int | None]:
-        """Mark slices first..first+len(starts)-1 done at once, as `start`/`finish` one by one would.
+    def finish_chain(self, first: int, starts: np.ndarray, ends: np.ndarray, devices: tuple[int, ...],
+                     key: int, succ: tuple[int, ...]) -> tuple[list[int], int | None]:
+        """Mark slices first..first+len(starts)-1 done at once, as `start_on`/`finish_on` one by one would.
 
-        For a backend that ran a chain back to back on one group: every slice but the first has
-        the previous one as its only predecessor, and `first` was already `start`ed. Returns
-        what `finish` returns for the last slice.
+        For a backend that ran a chain back to back on `devices`: every slice but the first has
+        the previous one as its only predecessor, `first` was already started, `key` is their
+        iteration and `succ` the successors of the last. Returns what `finish_on` returns.
         """
         k = len(starts)
         if k > 1:
-            c = self._cols
-            ids = np.arange(first, first + k - 1) & self._mask
+            c, m = self._cols, self._mask
+            ids = np.arange(first, first + k - 1) & m
             c["state"][ids] = SliceState.DONE
             c["start_t"][ids] = starts[:-1]
             c["end_t"][ids] = ends[:-1]
-            nxt = np.arange(first + 1, first + k) & self._mask
+            nxt = (ids + 1) & m
             c["preds_left"][nxt] = 0
             c["ready_t"][nxt] = ends[:-1]
-            for d in self.cluster.group(int(c["group"][ids[0]])):
-                self.busy[d].extend(starts[:-1], ends[:-1])
-            self.iteration_of(first)[0].remaining -= k - 1
-            self.start(first + k - 1, float(starts[-1]))
-        return self.finish(first + k - 1, float(ends[-1]))
+            self.busy.extend(devices, starts[:-1], ends[:-1])
+            self.iterations[key].remaining -= k - 1
+            self.start_on(first + k - 1, float(starts[-1]), devices)
+        return self.finish_on(first + k - 1, float(ends[-1]), float(starts[-1]), devices, key, succ)
 
     def abort(self, key: int) -> IterationGraph:
         """Forget a live iteration that will not finish (preempted for recomputation)."""
@@ -407,6 +425,13 @@ class GlobalMappingGraph:
             "mem_used_gb": float(self.mem_used().sum() / 1e9),
             "mem_capacity_gb": float(self.capacity_bytes.sum() / 1e9),
         }
+
+
+def gaps_by_device(dev: np.ndarray, s: np.ndarray, e: np.ndarray, t0: float, t1: float,
+                   num_devices: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Idle gaps of [t0, t1] per device given busy intervals (dev, s, e) in any order, as flat
+    (device, start, end) arrays sorted by device then start (public for the simulator)."""
+    return _gaps_by_device(dev, s, e, t0, t1, num_devices)
 
 
 def _segmented_cummax(x: np.ndarray, seg_start: np.ndarray) -> np.ndarray:

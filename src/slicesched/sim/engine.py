@@ -1,0 +1,736 @@
+"""Discrete-event simulator over the GMG: the replay backend and the schedulers' what-if model.
+
+One engine serves both uses. As a backend (`execute`), it perturbs op durations (see
+`Perturbation`) so that reality differs from prediction and mirrors every start and finish into
+the GMG that schedulers read. `fork()` gives a copy that predicts from the cost model alone,
+takes candidate decisions (`apply`) and runs ahead (`simulate`) to a frozen `Prediction`; it
+never touches its parent. A fork also runs chains of slices on one group as one event (see
+`segments.py`), which is exact and what makes a 100 ms look-ahead cost well under a millisecond.
+
+Execution model:
+- a slice mapped to a group becomes runnable when its predecessors are done, inputs from other
+  groups have arrived and its weight blocks are resident on every device of the group; it then
+  waits in one queue ordered by (runnable time, slice id), and whenever devices free up the queue
+  is scanned in order and every slice whose devices all have a free stream starts (greedy, no
+  reservation);
+- a running slice occupies one stream on every device of its group for the sum of its ops'
+  durations (ops run back to back; their times are derived from a cumulative sum on demand),
+  slowed by `1 + stream_slowdown * k` where k counts other slices on those devices at its start;
+- a slice's output moves to each consumer on another group as soon as both the slice is done and
+  the consumer is mapped; weight copies move blocks from a peer device or host memory;
+- memory follows `memory.py`; an activation that does not fit is an OOM: the slice (or the
+  transfer into it) does not start, the slice is unmapped so the scheduler can place it again,
+  and the driver sees the OOMEvent (it may preempt and recompute with `abort_iteration`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Sequence
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from slicesched.cost.model import CostModel
+from slicesched.gmg.builder import block_weight_bytes
+from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
+from slicesched.gmg.ops import IterationGraph
+from slicesched.sched.interface import (OOMEvent, SchedulerDecision, SliceCompletion, SlicePlacement, StepOutcome,
+                                        WeightCopy, WeightEviction)
+from slicesched.sim.events import Event, Prio, SimulationError
+from slicesched.sim.iterinfo import IterInfo, build_info
+from slicesched.sim.memory import ACT, KV, WEIGHTS, XFER, MemoryLedger
+from slicesched.sim.network import ACT as FLOW_ACT
+from slicesched.sim.network import WEIGHT as FLOW_WEIGHT
+from slicesched.sim.network import Flow, FlowKey, Network, Paths
+from slicesched.sim.perturbation import Perturbation
+from slicesched.sim.prediction import Prediction, RunLog, SliceRow, build_prediction
+from slicesched.sim.segments import Segment, SegmentMixin
+from slicesched.sim.timing import SliceTiming, TimingCache
+
+INF = float("inf")
+_DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
+
+
+class Run(NamedTuple):
+    """A slice (or, with `seg`, a chain of slices) occupying its group."""
+
+    group: int
+    start: float
+    end: float
+    info: IterInfo
+    local: int
+    timing: SliceTiming
+    scale: float
+    co: int  # other slices on the group's devices at start
+    version: int
+    seg: Segment | None = None
+
+
+class _Shared:
+    """Pure caches a simulator shares with its forks."""
+
+    def __init__(self, gmg: GlobalMappingGraph, cost: CostModel) -> None:
+        self.cost = cost
+        self.cluster = gmg.cluster
+        self.timing = TimingCache(cost, gmg.cluster)
+        self.paths = Paths(gmg.cluster, cost)
+        self.infos: dict[int, IterInfo] = {}
+        self.devs: dict[int, tuple[int, ...]] = {}
+        self.home_bytes: dict[str, np.ndarray] = {}
+
+
+class Simulator(SegmentMixin):
+    """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given."""
+
+    def __init__(self, gmg: GlobalMappingGraph, cost_model: CostModel, perturbation: Perturbation | None = None,
+                 streams_per_device: int = 1, stream_slowdown: float = 0.0, record: bool = True,
+                 segments: bool = False, now: float = 0.0) -> None:
+        if streams_per_device < 1 or stream_slowdown < 0:
+            raise ValueError("streams_per_device must be >= 1 and stream_slowdown >= 0")
+        if segments and perturbation is not None:
+            raise ValueError("segments (chain fast path) are for unperturbed prediction only")
+        self._sh = _Shared(gmg, cost_model)
+        self.record = record
+        self.gmg = gmg
+        self.perturbation = perturbation
+        self.streams = streams_per_device
+        self.stream_slowdown = stream_slowdown
+        self.segments = segments
+        self.now = now
+        self._heap: list[Event] = []
+        self._ver = 0
+        self._stamp = 0
+        self._key: tuple = (now, 3, None)
+        self._free = [streams_per_device] * gmg.cluster.num_devices
+        self._queue: list[tuple[float, int, int]] = []  # (runnable since, slice, group)
+        self._running: dict[int, Run] = {}
+        self._outputs: dict[int, tuple[int, float, int]] = {}  # slice -> (group, bytes, consumers left)
+        self._inbound: dict[int, tuple[int, tuple[tuple[tuple[int, ...], float], ...]]] = {}
+        self._wwait: dict[tuple[str, int, int], tuple[int, ...]] = {}  # missing block -> waiting slices
+        self._wver = 0
+        self._wok: dict[tuple[str, int], int] = {}
+        self.net = Network(self._sh.paths)
+        self.mem = MemoryLedger(gmg, now, record)
+        self._init_outputs()
+        self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
+        self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
+        self._nseg = 0
+        self._deferred: list[Event] = []
+        self._reads: dict[int, int] | None = None
+        self.on_event: Callable[["Simulator"], None] | None = None
+
+    def _init_outputs(self) -> None:
+        self.log = RunLog()
+        self._done: list[SliceCompletion] = []
+        self._done_chains: list[SliceRow] = []
+        self._finished: list[int] = []
+        self._ooms: list[OOMEvent] = []
+        self.op_events = 0
+        self._tracked = {k: it.graph.tenant for k, it in self.gmg.iterations.items()}
+
+    # ==== driver API ===================================================================
+    def add_iteration(self, graph: IterationGraph) -> IterationHandle:
+        """Register an iteration in the GMG at the current time (its first slices become ready)."""
+        h = self.gmg.add_iteration(graph, now=self.now)
+        self._tracked[h.key] = graph.tenant
+        return h
+
+    def execute(self, decision: SchedulerDecision, until: float = INF) -> StepOutcome:
+        """Apply `decision` at `now`, then run until at least one slice has completed (all events at
+        that instant included), nothing is left to run, or the clock reaches `until`."""
+        self.dissolve_segments()
+        seg, self.segments = self.segments, False
+        try:
+            self.apply(decision)
+            first: float | None = None
+            while True:
+                t = self._next_time()
+                if t == INF or t > until or (first is not None and t > first):
+                    break
+                self._process()
+                if first is None and self._done:
+                    first = self.now
+            if first is None and until < INF and self._next_time() > until:
+                self.now = max(self.now, until)
+        finally:
+            self.segments = seg
+        return self.take_outcome()
+
+    def apply(self, decision: SchedulerDecision) -> None:
+        """Evictions, then weight copies, then placements, all at `now`."""
+        self._external()
+        ev: list[Event] = []
+        for e in decision.evictions:
+            self._evict(e)
+        for c in decision.weight_copies:
+            ev += self._copy_weights(c)
+        for p in decision.placements:
+            ev += self._place(p)
+        ev += self._dispatch()
+        self._push(ev)
+
+    def step(self) -> bool:
+        """Process the next event; False when none is left."""
+        if self._next_time() == INF:
+            return False
+        self._process()
+        return True
+
+    def run(self, until: float = INF) -> StepOutcome:
+        """Process every event up to `until`, then set the clock to `until` (when finite)."""
+        self._advance(until)
+        return self.take_outcome()
+
+    def _advance(self, until: float) -> None:
+        while (t := self._next_time()) <= until and t < INF:
+            self._process()
+        if until < INF:
+            self.settle(until)
+            self.now = max(self.now, until)
+
+    def take_outcome(self) -> StepOutcome:
+        """Completions, finished iterations and OOMs since the last outcome."""
+        done = self._done
+        for _, first, g, starts, ends, *_ in self._done_chains:
+            done += [SliceCompletion(first + i, g, s, e) for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
+        done.sort(key=lambda c: (c.end, c.slice_id))
+        out = StepOutcome(self.now, tuple(done), tuple(self._finished), tuple(self._ooms))
+        self._done, self._done_chains, self._finished, self._ooms = [], [], [], []
+        return out
+
+    def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
+        """Reserve `nbytes` of KV cache on each device for `tenant`, all or nothing; an OOM is
+        returned, recorded and reported in the next outcome."""
+        devs = (devices,) if isinstance(devices, int) else tuple(devices)
+        self._external()
+        oom = self._alloc(devs, nbytes, KV, tenant)
+        if oom is not None:
+            self._report(oom)
+            return oom
+        kv = self.mem.kv.setdefault(tenant, [0.0] * len(self._free))
+        for d in devs:
+            kv[d] += nbytes
+        self._push(self._take_deferred())
+        return None
+
+    def free_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
+        devs = (devices,) if isinstance(devices, int) else tuple(devices)
+        kv = self.mem.kv.get(tenant)
+        if kv is None or any(kv[d] < nbytes for d in devs):
+            raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {devs}")
+        self._external()
+        for d in devs:
+            kv[d] -= nbytes
+        self.mem.free(devs, nbytes, KV, self.now)
+        self._push(self._take_deferred())
+
+    def retire(self, key: int) -> IterationGraph:
+        """Forget a finished iteration in the GMG and the simulator's caches."""
+        self._sh.infos.pop(key, None)
+        self._sh.timing.forget(key)
+        self._tracked.pop(key, None)
+        return self.gmg.retire(key)
+
+    def abort_iteration(self, key: int) -> IterationGraph:
+        """Drop a live iteration (preempted for recomputation): its running slices stop, its
+        transfers are cancelled and all its activations are freed."""
+        self.dissolve_segments()
+        self._external()
+        it = self.gmg.iterations[key]
+        ids = range(it.base, it.base + it.graph.num_slices)
+        ev: list[Event] = []
+        for s in ids:
+            if self.gmg.get("group", s) >= 0 and int(self.gmg.get("state", s)) != _DONE:
+                ev += self._unplace(s) if s not in self._running else self._stop_running(s)
+        for s in ids:
+            out = self._outputs.pop(s, None)
+            if out is not None:
+                self._free_mem(self._devs(out[0]), out[1], ACT)
+        self._tracked.pop(key, None)
+        graph = self.gmg.abort(key)
+        self._sh.infos.pop(key, None)
+        self._push(ev + self._dispatch())
+        return graph
+
+    # ==== prediction ===================================================================
+    def fork(self) -> "Simulator":
+        """An independent copy that predicts from the cost model alone (no perturbation; running
+        slices re-timed to their predicted ends) and runs chains as segments."""
+        f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True)
+        f.form_segments()
+        return f
+
+    def simulate(self, horizon_s: float) -> Prediction:
+        """Run `horizon_s` ahead and forecast (see `Prediction`)."""
+        t1 = self.now + horizon_s
+        self._advance(t1)
+        self._done, self._done_chains = [], []
+        return build_prediction(self._sh.cluster, self.mem.t0, t1, self._tracked, self.log, self.tail(),
+                                self.mem.peak())
+
+    def tail(self) -> list[tuple[int, int, float, float]]:
+        """(slice, group, start, predicted end) of every running slice."""
+        return [(s, r.group, r.start, r.end) for s, r in sorted(self._running.items())]
+
+    # ==== queries ======================================================================
+    def op_times(self, row: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every op of a recorded slice row (`log.slices`)."""
+        _, _, _, start, _, _, local, scale, timing = row
+        return timing.op_times(local, start, scale)
+
+    def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.mem.timeline(device)
+
+    def peak_memory(self) -> np.ndarray:
+        return self.mem.peak()
+
+    # ==== event loop ===================================================================
+    def _next_time(self) -> float:
+        h = self._heap
+        while h:
+            t, prio, key, ver = h[0]
+            if prio == Prio.SLICE_END:
+                r = self._running.get(key)  # type: ignore[arg-type]
+                if r is not None and r.version == ver:
+                    return t
+            elif self.net.is_current(key, ver):  # type: ignore[arg-type]
+                return t
+            heapq.heappop(h)
+        return INF
+
+    def _process(self) -> None:
+        ev = heapq.heappop(self._heap)
+        self.now = ev[0]
+        self._key = ev
+        self._stamp += 1
+        self.mem.stamp = self._stamp
+        prio = ev[1]
+        if prio == Prio.SLICE_END:
+            new = self._on_slice_end(ev[2])  # type: ignore[arg-type]
+        elif prio == Prio.XFER_END:
+            new = self._on_xfer_end(ev[2])  # type: ignore[arg-type]
+        else:
+            new = self.net.join(ev[2], self.now)  # type: ignore[arg-type]
+        self._push(new)
+        if self.on_event is not None:
+            self.on_event(self)
+
+    def _push(self, events: list[Event]) -> None:
+        h = self._heap
+        for e in events:
+            heapq.heappush(h, e)
+        if self._deferred:
+            for e in self._take_deferred():
+                heapq.heappush(h, e)
+
+    def _take_deferred(self) -> list[Event]:
+        d, self._deferred = self._deferred, []
+        return d
+
+    def _external(self) -> None:
+        """A driver action at `now`: it counts as one stamp and sees every chain step up to now."""
+        self._stamp += 1
+        self.mem.stamp = self._stamp
+        self._key = (self.now, 3, None)
+
+    # ==== slices =======================================================================
+    def _on_slice_end(self, s: int) -> list[Event]:
+        run = self._running[s]
+        if run.seg is not None:
+            run = self.materialize(s, run, full=True)
+        del self._running[s]
+        return self._finish_slice(s, run)
+
+    def _finish_slice(self, s: int, run: Run) -> list[Event]:
+        info, j, g = run.info, run.local, run.group
+        devs = self._devs(g)
+        self._occupy(devs, 1)
+        self._release(s, info, j, g, devs)
+        succ = info.gsuccs[j]
+        newly, fin = self.gmg.finish_on(s, self.now, run.start, devs, info.key, succ)
+        self._record(s, run)
+        ev = self._successors(s, info, j, g, succ, newly)
+        if fin is not None:
+            self._finished.append(fin)
+            self.log.iterations.append((self._stamp, fin, self.now))
+        return ev + self._dispatch()
+
+    def _record(self, s: int, run: Run) -> None:
+        self.op_events += run.info.nops[run.local]
+        self._done.append(SliceCompletion(s, run.group, run.start, self.now))
+        if self.record:
+            self.log.slices.append((self._stamp, s, run.group, run.start, self.now, run.info.key, run.local,
+                                    run.scale, run.timing))
+            self.log.busy.append((self._stamp, run.group, run.start, self.now))
+
+    def record_chain(self, run: Run, first: int, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Record chain steps written out at once (see segments.py)."""
+        info, j = run.info, first - run.info.base
+        self.op_events += info.nops_prefix[j + len(starts)] - info.nops_prefix[j]
+        row = (self._stamp, first, run.group, starts, ends, info.key, j, run.scale, run.timing)
+        self._done_chains.append(row)
+        if self.record:
+            self.log.chains.append(row)
+
+    def _release(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> None:
+        """Free what slice s held: intermediates, inputs whose last consumer it was, arrived inputs."""
+        own = info.inter[j]
+        for p in info.preds[j]:
+            ps = info.base + p
+            out = self._outputs.get(ps)
+            if out is None:
+                continue
+            if out[2] > 1:
+                self._outputs[ps] = (out[0], out[1], out[2] - 1)
+                continue
+            del self._outputs[ps]
+            if out[0] == g:
+                own += out[1]
+            else:
+                self._free_mem(self._devs(out[0]), out[1], ACT)
+        for bdevs, nbytes in self._inbound.pop(s, (0, ()))[1]:
+            self._free_mem(bdevs, nbytes, ACT)
+        if info.succs[j]:
+            self._outputs[s] = (g, info.out[j], len(info.succs[j]))
+        else:
+            own += info.out[j]
+        self._free_mem(devs, own, ACT)
+
+    def _successors(self, s: int, info: IterInfo, j: int, g: int, succ: tuple[int, ...],
+                    newly: list[int]) -> list[Event]:
+        ev: list[Event] = []
+        for x in succ:
+            gx = self._read_group(x)
+            if gx >= 0 and gx != g:
+                ev += self._open_act(s, x, g, gx, info.out[j], info.tenant)
+        for x in newly:
+            gx = self._read_group(x)
+            if gx >= 0 and x not in self._inbound:
+                self._enqueue(x, gx, info)
+        return ev
+
+    def _enqueue(self, s: int, g: int, info: IterInfo) -> None:
+        bisect.insort(self._queue, (self.now, s, g, info))
+
+    def _dispatch(self) -> list[Event]:
+        """Start every queued slice, in queue order, whose devices all have a free stream."""
+        q = self._queue
+        if not q:
+            return []
+        ev: list[Event] = []
+        free, i = self._free, 0
+        while i < len(q):
+            _, s, g, info = q[i]
+            devs = self._devs(g)
+            self._touch(devs)
+            if all(free[d] > 0 for d in devs):
+                del q[i]
+                ev += self._start(s, g, devs, info)
+            else:
+                i += 1
+        return ev
+
+    def _start(self, s: int, g: int, devs: tuple[int, ...], info: IterInfo) -> list[Event]:
+        j = s - info.base
+        if not self._weights_ready(s, info, j, g, devs):
+            return []
+        oom = self._alloc(devs, info.inter[j] + info.out[j], ACT, info.tenant)
+        if oom is not None:
+            self._report(oom)
+            return self._unplace(s)
+        timing = self._timing(info, g)
+        co = max(self.streams - self._free[d] for d in devs) if self.streams > 1 else 0
+        scale = self._scale(devs, co)
+        self._occupy(devs, -1)
+        self.gmg.start_on(s, self.now, devs)
+        self._ver += 1
+        run = Run(g, self.now, self.now + timing.slice_dur[j] * scale, info, j, timing, scale, co, self._ver)
+        self._running[s] = run
+        if self.segments:
+            return self.try_segment(s, run, devs)
+        return [(run.end, Prio.SLICE_END, s, run.version)]
+
+    def _scale(self, devs: tuple[int, ...], co: int) -> float:
+        scale = 1.0 + self.stream_slowdown * co if co else 1.0
+        p = self.perturbation
+        if p is not None and p.interference:
+            flows = sum(self.net.touching(d) for d in devs) if self.net.flows else 0
+            scale *= p.slowdown(co + flows) if co + flows else 1.0
+        return scale
+
+    def _occupy(self, devs: tuple[int, ...], delta: int) -> None:
+        self._touch(devs)
+        free = self._free
+        for d in devs:
+            free[d] += delta
+
+    def _stop_running(self, s: int) -> list[Event]:
+        """Cancel a running slice (its iteration is being aborted)."""
+        run = self._running.pop(s)  # segments were dissolved by the caller
+        devs = self._devs(run.group)
+        self._occupy(devs, 1)
+        self._free_mem(devs, run.info.inter[run.local] + run.info.out[run.local], ACT)
+        for bdevs, nbytes in self._inbound.pop(s, (0, ()))[1]:
+            self._free_mem(bdevs, nbytes, ACT)
+        return []
+
+    # ==== placement ====================================================================
+    def _place(self, p: SlicePlacement) -> list[Event]:
+        """Map a run of slices (vectorized: a whole iteration is the common case)."""
+        self._devs(p.group)
+        ids = np.arange(p.first_slice, p.first_slice + p.num_slices)
+        keys = self.gmg.col("iteration")[ids & self.gmg.mask]
+        cuts = np.flatnonzero(np.diff(keys)) + 1
+        ev: list[Event] = []
+        for part in np.split(ids, cuts) if len(cuts) else (ids,):
+            ev += self._place_within(part, int(keys[part[0] - ids[0]]), p.group)
+        return ev
+
+    def _place_within(self, ids: np.ndarray, key: int, g: int) -> list[Event]:
+        it = self.gmg.iterations.get(key)
+        if it is None or ids[0] < it.base or ids[-1] >= it.base + it.graph.num_slices:
+            raise ValueError(f"placement of slices {ids[0]}..{ids[-1]}: not live slices")
+        info, _ = self._info_of(int(ids[0]))
+        self._timing(info, g)  # price the iteration on this group now: rejects a bad group size
+        self.split_covering(int(ids[0]), int(ids[-1]))
+        idx = ids & self.gmg.mask
+        state = self.gmg.col("state")[idx]
+        if (state > _READY).any():
+            raise ValueError(f"placement of slice {int(ids[state > _READY][0])}: already started")
+        ev: list[Event] = []
+        for x in ids[self.gmg.col("group")[idx] >= 0].tolist():
+            ev += self._unplace(x)
+        self.gmg.map(int(ids[0]), g, len(ids))
+        some_pred_done = self.gmg.col("preds_left")[idx] < info.npreds[ids - info.base]
+        for x in ids[(state == _READY) | some_pred_done].tolist():
+            ev += self._on_mapped(x, g, info)
+        return ev
+
+    def _on_mapped(self, x: int, g: int, info: IterInfo) -> list[Event]:
+        j = x - info.base
+        ev: list[Event] = []
+        state, group, m = self.gmg.col("state"), self.gmg.col("group"), self.gmg.mask
+        for pl in info.preds[j]:
+            p = info.base + pl
+            gp = int(group[p & m])
+            if state[p & m] == _DONE and gp != g:
+                ev += self._open_act(p, x, gp, g, info.out[pl], info.tenant)
+        if group[x & m] == g and state[x & m] == _READY and x not in self._inbound:
+            self._enqueue(x, g, info)
+        return ev
+
+    def _unplace(self, x: int) -> list[Event]:
+        """Undo a slice's mapping: dequeue it, cancel and free its inputs in flight or arrived."""
+        ev: list[Event] = []
+        self._queue[:] = [q for q in self._queue if q[1] != x]
+        info, j = self._info_of(x)
+        for pl in info.preds[j]:
+            key = (FLOW_ACT, info.base + pl, x)
+            if key in self.net.flows:
+                flow, more = self.net.close(key, self.now)
+                self._free_mem(flow.dst, flow.nbytes, XFER)
+                ev += more
+        for bdevs, nbytes in self._inbound.pop(x, (0, ()))[1]:
+            self._free_mem(bdevs, nbytes, ACT)
+        for k, waiting in list(self._wwait.items()):
+            if x in waiting:
+                self._wwait[k] = tuple(w for w in waiting if w != x)
+        self.gmg.map(x, -1)
+        return ev
+
+    # ==== transfers ====================================================================
+    def _open_act(self, p: int, x: int, gp: int, gx: int, nbytes: float, tenant: str) -> list[Event]:
+        """Move p's output to consumer x's group."""
+        src, dst = self._devs(gp), self._devs(gx)
+        need = tuple(d for d in dst if d not in src)
+        if not need or nbytes <= 0:
+            return []
+        res, lat = self._sh.paths.between(src, need)
+        oom = self._alloc(need, nbytes, XFER, tenant)
+        if oom is not None:
+            self._report(oom)
+            return self._unplace(x)
+        pend, got = self._inbound.get(x, (0, ()))
+        self._inbound[x] = (pend + 1, got)
+        return self.net.open(Flow((FLOW_ACT, p, x), nbytes, lat, res, need, self.now, src=src), self.now)
+
+    def _on_xfer_end(self, key: FlowKey) -> list[Event]:
+        flow, ev = self.net.close(key, self.now)
+        self.log.flows.append((self._stamp, key, flow.src, flow.dst, flow.start, self.now, flow.nbytes))
+        if key[0] == FLOW_ACT:
+            self._deliver_act(key[2], flow)
+        else:
+            self._deliver_weight(key, flow)
+        return ev + self._dispatch()
+
+    def _deliver_act(self, x: int, flow: Flow) -> None:
+        self._touch(flow.dst)
+        self.mem.move(flow.dst, flow.nbytes, XFER, ACT, self.now)
+        pend, got = self._inbound[x]
+        self._inbound[x] = (pend - 1, got + ((flow.dst, flow.nbytes),))
+        if pend == 1 and int(self.gmg.get("state", x)) == _READY:
+            self._enqueue(x, int(self.gmg.get("group", x)), self._info_of(x)[0])
+
+    # ==== weights ======================================================================
+    def _weights_ready(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> bool:
+        """True when the slice's weight blocks are on its devices; False when it must wait for a
+        copy in flight (it is parked and re-queued when the copy lands)."""
+        if self._wok.get((info.tenant, g)) == self._wver:
+            return True
+        res = self.gmg.resident[info.tenant]
+        lo, hi = info.wb_lo[j], info.wb_hi[j]
+        sub = res[lo: hi + 1][:, list(devs)]
+        if (sub > 0).all():
+            if (res[:, list(devs)] > 0).all():
+                self._wok[(info.tenant, g)] = self._wver
+            return True
+        b, k = (int(v) for v in np.argwhere(sub <= 0)[0])
+        miss = (info.tenant, lo + b, devs[k])
+        if self._weight_key(*miss) not in self.net.flows:
+            raise SimulationError(f"slice {s} ({info.tenant}) placed on group {g} but weight block {lo + b} "
+                                  f"is not on device {devs[k]} and no copy is on the way")
+        self._wwait[miss] = self._wwait.get(miss, ()) + (s,)
+        return False
+
+    def _weight_key(self, tenant: str, block: int, dst: int) -> FlowKey:
+        return (FLOW_WEIGHT, self.gmg.tenant_index[tenant] << 20 | block, dst)
+
+    def _copy_weights(self, c: WeightCopy) -> list[Event]:
+        res = self.gmg.resident[c.tenant]
+        key = self._weight_key(c.tenant, c.block, c.dst_device)
+        if res[c.block, c.dst_device] > 0 or key in self.net.flows:
+            return []
+        if c.src_device >= 0:
+            nbytes = float(res[c.block, c.src_device])
+            if nbytes <= 0:
+                raise SimulationError(f"weight copy {c}: block not resident on source device")
+        else:
+            nbytes = float(self._home_bytes(c.tenant)[c.block])
+        oom = self._alloc((c.dst_device,), nbytes, XFER, c.tenant, what="weights")
+        if oom is not None:
+            self._report(oom)
+            return []
+        src = (c.src_device,)
+        lat_res, lat = self._sh.paths.between(src, (c.dst_device,))
+        return self.net.open(Flow(key, nbytes, lat, lat_res, (c.dst_device,), self.now, src=src), self.now)
+
+    def _home_bytes(self, tenant: str) -> np.ndarray:
+        hb = self._sh.home_bytes.get(tenant)
+        if hb is None:
+            tp = self.gmg.containers[tenant].tp if tenant in self.gmg.containers else 1
+            hb = self._sh.home_bytes[tenant] = block_weight_bytes(self.gmg.models[tenant], tp)
+        return hb
+
+    def _deliver_weight(self, key: FlowKey, flow: Flow) -> None:
+        tidx, block, d = key[1] >> 20, key[1] & ((1 << 20) - 1), key[2]
+        tenant = self.gmg.tenants[tidx]
+        res = self.gmg.resident[tenant]
+        self._touch(flow.dst)
+        if res[block, d] > 0:
+            self.mem.free(flow.dst, flow.nbytes, XFER, self.now)
+        else:
+            self.mem.move(flow.dst, flow.nbytes, XFER, WEIGHTS, self.now)
+            res[block, d] = flow.nbytes
+            self._wver += 1
+        for s in self._wwait.pop((tenant, block, d), ()):
+            if int(self.gmg.get("state", s)) == _READY and self.gmg.get("group", s) >= 0:
+                self._enqueue(s, int(self.gmg.get("group", s)), self._info_of(s)[0])
+
+    def _evict(self, e: WeightEviction) -> None:
+        self._touch((e.device,))
+        for r in self._running.values():
+            if (r.info.tenant == e.tenant and e.device in self._devs(r.group)
+                    and r.info.wb_lo[r.local] <= e.block <= r.info.wb_hi[r.local]):
+                raise SimulationError(f"eviction {e}: a running slice reads that block")
+        res = self.gmg.resident[e.tenant]
+        nbytes = float(res[e.block, e.device])
+        if nbytes > 0:
+            res[e.block, e.device] = 0.0
+            self.mem.free((e.device,), nbytes, WEIGHTS, self.now)
+            self._wver += 1
+
+    # ==== memory =======================================================================
+    def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str,
+               what: str | None = None) -> OOMEvent | None:
+        self._touch(devs)
+        oom = self.mem.try_alloc(devs, nbytes, cat, self.now, tenant)
+        if oom is not None and what is not None:
+            oom = OOMEvent(oom.device, oom.time, oom.requested_bytes, oom.in_use_bytes, oom.capacity_bytes,
+                           what, tenant)
+        return oom
+
+    def _free_mem(self, devs: tuple[int, ...], nbytes: float, cat: int) -> None:
+        self._touch(devs)
+        self.mem.free(devs, nbytes, cat, self.now)
+
+    def _report(self, oom: OOMEvent) -> None:
+        self._ooms.append(oom)
+        self.log.ooms.append((self._stamp, oom))
+
+    # ==== lookups ======================================================================
+    def _devs(self, g: int) -> tuple[int, ...]:
+        d = self._sh.devs.get(g)
+        if d is None:
+            d = self._sh.devs[g] = self._sh.cluster.group(g)
+        return d
+
+    def _info_of(self, s: int) -> tuple[IterInfo, int]:
+        key = int(self.gmg.col("iteration")[s & self.gmg.mask])
+        info = self._sh.infos.get(key)
+        if info is None:
+            info = self._sh.infos[key] = build_info(self.gmg, key)
+        return info, s - info.base
+
+    def _read_group(self, x: int) -> int:
+        if self._reads is not None and x not in self._reads:
+            self._reads[x] = self._stamp
+        return int(self.gmg.col("group")[x & self.gmg.mask])
+
+    def _timing(self, info: IterInfo, g: int) -> SliceTiming:
+        base = self._sh.timing.get(info.key, info.graph, info.model, g)
+        p = self.perturbation
+        if p is None:
+            return base
+        k = (info.key, self._sh.timing.variant(g))
+        t = self._perturbed.get(k)
+        if t is None:
+            t = self._perturbed[k] = p.perturb(base, info.key, k[1])
+        return t
+
+    # ==== copies =======================================================================
+    def _copy(self, keep_log: bool, retime: bool, segments: bool) -> "Simulator":
+        """A full, independent copy of the state (a fork, or a checkpoint when keep_log)."""
+        f = Simulator.__new__(Simulator)
+        f._sh, f.gmg = self._sh, self.gmg.fork()
+        f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown
+        f.segments, f.now, f._ver, f._stamp, f._key = segments, self.now, self._ver, self._stamp, self._key
+        f._free, f._queue = list(self._free), list(self._queue)
+        f._outputs, f._inbound, f._wwait = dict(self._outputs), dict(self._inbound), dict(self._wwait)
+        f._wver, f._wok = self._wver, dict(self._wok)
+        f.net = self.net.copy()
+        f.mem = self.mem.fork(f.gmg, self.now)
+        f.record = True
+        f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
+        f._reads, f.on_event = None, None
+        f._init_outputs()
+        f._tracked = dict(self._tracked)
+        f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)
+        f._heap = f._rebuild_heap()
+        return f
+
+    def _retimed(self, r: Run) -> Run:
+        """A running slice as the cost model sees it: unperturbed duration, not before now."""
+        base = self._sh.timing.get(r.info.key, r.info.graph, r.info.model, r.group)
+        scale = 1.0 + self.stream_slowdown * r.co if r.co else 1.0
+        end = max(r.start + base.slice_dur[r.local] * scale, self.now)
+        return r._replace(end=end, timing=base, scale=scale)
+
+    def _rebuild_heap(self) -> list[Event]:
+        h: list[Event] = [(r.end, Prio.SLICE_END, s, r.version) for s, r in self._running.items()]
+        for k, fl in self.net.flows.items():
+            h.append((fl.end, Prio.XFER_END, k, fl.version) if fl.joined
+                     else (fl.start + fl.latency, Prio.XFER_JOIN, k, fl.version))
+        heapq.heapify(h)
+        return h

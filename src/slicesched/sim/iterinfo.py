@@ -1,0 +1,71 @@
+"""What the event loop needs of one iteration, as Python lists built once per iteration.
+
+The GMG keeps numpy columns; the loop touches one slice at a time, where list reads are several
+times cheaper than numpy scalar reads. Everything here is a pure function of the iteration's
+graph, so a simulator and its forks share one `IterInfo` per iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slicesched.gmg.graph import GlobalMappingGraph
+from slicesched.gmg.ops import IterationGraph
+from slicesched.models.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class IterInfo:
+    key: int
+    base: int  # global id of local slice 0
+    n: int
+    tenant: str
+    model: ModelSpec
+    graph: IterationGraph
+    preds: tuple[tuple[int, ...], ...]  # local ids
+    succs: tuple[tuple[int, ...], ...]
+    out: list[float]  # bytes per device of each slice's output (its last op's output)
+    inter: list[float]  # bytes per device of its largest intermediate (0 for one-op slices)
+    wb_lo: list[int]  # weight blocks the slice reads
+    wb_hi: list[int]
+    chain: list[bool]  # chain[j]: j's only successor is j+1 and j+1's only predecessor is j
+    nops: list[int]  # ops per slice (in the tenant's own sharding)
+    chain_end: list[int]  # chain_end[j]: last slice m with chain[j..m-1] all true (m >= j)
+    gsuccs: tuple[tuple[int, ...], ...]  # global ids of successors
+    npreds: np.ndarray  # int32 [n] number of predecessors
+    nops_prefix: list[int]  # [n + 1] running sum of nops
+    step_free: np.ndarray  # [n] bytes freed when slice j ends inside a chain: intermediates + input
+    step_alloc: np.ndarray  # [n] bytes allocated when slice j starts: intermediates + output
+
+
+def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
+    it = gmg.iterations[key]
+    g = it.graph
+    n = g.num_slices
+    src, dst = g.slice_deps()
+    preds: list[list[int]] = [[] for _ in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for a, b in zip(src.tolist(), dst.tolist()):
+        preds[b].append(a)
+        succs[a].append(b)
+    last = g.slice_first + g.slice_count - 1
+    inner = g.out_bytes.copy()
+    inner[last] = 0.0  # the output is counted on its own
+    inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
+    out = g.out_bytes[last]
+    chain = [len(succs[j]) == 1 and succs[j][0] == j + 1 and preds[j + 1] == [j] for j in range(n - 1)] + [False]
+    chain_end = list(range(n))
+    for j in range(n - 2, -1, -1):
+        if chain[j]:
+            chain_end[j] = chain_end[j + 1]
+    return IterInfo(key, it.base, n, g.tenant, gmg.models[g.tenant], g, tuple(map(tuple, preds)),
+                    tuple(map(tuple, succs)), out.tolist(), inter.tolist(),
+                    np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
+                    np.maximum.reduceat(g.wblock, g.slice_first).tolist(), chain, g.slice_count.tolist(), chain_end,
+                    tuple(tuple(it.base + x for x in xs) for xs in succs),
+                    np.array([len(p) for p in preds], np.int32),
+                    [0] + np.cumsum(g.slice_count).tolist(),
+                    inter + np.where(np.array([len(p) > 0 for p in preds]), np.concatenate([[0.0], out[:-1]]), 0.0),
+                    inter + out)

@@ -1,0 +1,145 @@
+"""Per-device memory over time: four counters, a change log, and the capacity check.
+
+Categories and who allocates them:
+- weights: resident weight blocks (home weights at start, weight copies when they land);
+- kv: the driver's KV cache, through `Simulator.alloc_kv` / `free_kv` only (slices do not
+  append KV as they run: a serving engine reserves KV blocks before an iteration, so the driver
+  is the one place that knows the KV footprint);
+- activation: a slice's intermediates (while it runs) and its output (until its last consumer
+  ends), and an input that arrived from another group (until the consumer ends);
+- transfer: a buffer on the destination while a transfer is in flight.
+
+The counters live in the GMG (`mem_weights`, `mem_kv`, `mem_act`, `mem_xfer`) where schedulers
+read them; `used` mirrors their per-device sum as Python floats for the event loop. An
+allocation that would exceed capacity is refused whole (all devices or none) and returned as an
+`OOMEvent`; recorded usage therefore never exceeds capacity. Byte counts are whole numbers, so
+float sums are exact and two runs that allocate the same bytes in a different order agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from slicesched.gmg.graph import GlobalMappingGraph
+from slicesched.sched.interface import OOMEvent
+
+CATEGORIES = ("weights", "kv", "activation", "transfer")
+WEIGHTS, KV, ACT, XFER = range(4)
+
+# One log row: (stamp, time, device, category, delta bytes, bytes in use after)
+LogRow = tuple[int, float, int, int, float, float]
+
+
+class MemoryLedger:
+    """The simulator's view of device memory; its mutations go through here so the log is
+    complete. Bytes in use are read from the GMG counters each time (a driver may still load or
+    evict home weights through the GMG directly; those show in the totals, not as log rows)."""
+
+    def __init__(self, gmg: GlobalMappingGraph, now: float = 0.0, record: bool = True) -> None:
+        self.bind(gmg)
+        self.cap: list[float] = gmg.capacity_bytes.tolist()
+        used = gmg.mem_used().tolist()
+        over = [d for d, (u, c) in enumerate(zip(used, self.cap)) if u > c]
+        if over:
+            raise ValueError(f"devices {over} start above capacity (weights + KV exceed memory)")
+        self.record = record
+        self.t0 = now
+        self.initial = np.stack([a.copy() for a in self.arrays])  # [category, device] at t0
+        self.peak_seen = list(used)
+        self.log: list[LogRow] = []
+        self.stamp = 0
+        self.kv: dict[str, list[float]] = {}
+
+    def bind(self, gmg: GlobalMappingGraph) -> None:
+        self.gmg = gmg
+        self.arrays = (gmg.mem_weights, gmg.mem_kv, gmg.mem_act, gmg.mem_xfer)
+
+    def fork(self, gmg: GlobalMappingGraph, now: float) -> "MemoryLedger":
+        """A copy bound to `gmg` (itself a fork of ours) that tracks peaks but keeps no log rows
+        (a what-if needs peaks, and logging every chain step would cost more than simulating it)."""
+        m = MemoryLedger.__new__(MemoryLedger)
+        m.bind(gmg)
+        m.cap, m.stamp, m.record, m.t0, m.log = self.cap, self.stamp, False, now, []
+        m.kv = {t: list(v) for t, v in self.kv.items()}
+        m.initial = np.stack([a.copy() for a in m.arrays])
+        m.peak_seen = m.initial.sum(0).tolist()
+        return m
+
+    def used(self, d: int) -> float:
+        w, k, a, x = self.arrays
+        return float(w[d] + k[d] + a[d] + x[d])
+
+    # ---- changes -----------------------------------------------------------------------
+    def try_alloc(self, devices: Sequence[int], nbytes: float, cat: int, now: float, tenant: str) -> OOMEvent | None:
+        """Allocate `nbytes` on every device, or on none and say which device would overflow."""
+        cap = self.cap
+        for d in devices:
+            u = self.used(d)
+            if u + nbytes > cap[d]:
+                return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
+        if nbytes:
+            self._apply(devices, nbytes, cat, now)
+        return None
+
+    def free(self, devices: Sequence[int], nbytes: float, cat: int, now: float) -> None:
+        if nbytes:
+            self._apply(devices, -nbytes, cat, now)
+
+    def move(self, devices: Sequence[int], nbytes: float, src: int, dst: int, now: float) -> None:
+        """Re-label bytes (a transfer buffer that landed becomes an activation or weights)."""
+        if nbytes:
+            self._apply(devices, -nbytes, src, now)
+            self._apply(devices, nbytes, dst, now)
+
+    def _apply(self, devices: Sequence[int], delta: float, cat: int, now: float) -> None:
+        arr, peak = self.arrays[cat], self.peak_seen
+        for d in devices:
+            arr[d] += delta
+            if self.record or delta > 0:
+                u = self.used(d)
+                if u > peak[d]:
+                    peak[d] = u
+                if self.record:
+                    self.log.append((self.stamp, now, d, cat, delta, u))
+
+    def bulk(self, devices: Sequence[int], times: np.ndarray, deltas: np.ndarray, cat: int) -> None:
+        """Apply a precomputed sequence of changes (steps run back to back on a group) in one go;
+        every device of the group sees the same changes. Whole-byte sums keep this exact."""
+        if len(deltas) == 0:
+            return
+        rel = np.cumsum(deltas)
+        total, top = float(rel[-1]), float(rel.max())
+        arr, peak = self.arrays[cat], self.peak_seen
+        for d in devices:
+            u = self.used(d)
+            arr[d] += total
+            if u + top > peak[d]:
+                peak[d] = u + top
+            if self.record:
+                k = len(deltas)
+                self.log.extend(zip([self.stamp] * k, times.tolist(), [d] * k, [cat] * k, deltas.tolist(),
+                                    (u + rel).tolist()))
+
+    # ---- queries -----------------------------------------------------------------------
+    def rows(self) -> np.ndarray:
+        """The log as a float64 array [rows, 6] (stamp, time, device, category, delta, used)."""
+        return np.asarray(self.log, np.float64).reshape(-1, 6)
+
+    def timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """(times, bytes in use) for one device, starting with the state at t0."""
+        r = self.rows()
+        r = r[r[:, 2] == device]
+        t0 = float(self.initial[:, device].sum())
+        return np.concatenate([[self.t0], r[:, 1]]), np.concatenate([[t0], r[:, 5]])
+
+    def category_timeline(self, device: int, cat: int) -> tuple[np.ndarray, np.ndarray]:
+        r = self.rows()
+        r = r[(r[:, 2] == device) & (r[:, 3] == cat)]
+        return (np.concatenate([[self.t0], r[:, 1]]),
+                float(self.initial[cat, device]) + np.concatenate([[0.0], np.cumsum(r[:, 4])]))
+
+    def peak(self) -> np.ndarray:
+        """Highest bytes in use per device since t0."""
+        return np.array(self.peak_seen)

@@ -1,0 +1,45 @@
+"""How the replay environment differs from the cost model: seeded noise and interference.
+
+A scheduler's what-if forks predict from the cost model alone; the replay simulator multiplies
+every op duration by a lognormal factor with mean 1 (coefficient of variation `duration_cv`)
+and every slice by `1 + interference * k`, where k counts other work co-located on the slice's
+devices when it starts (slices on other streams and transfers into or out of those devices).
+
+Noise is drawn per (iteration, group variant) from a generator seeded by (seed, iteration key,
+variant), so a slice's noise does not depend on the order in which the simulator met it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from slicesched.sim.timing import SliceTiming, Variant
+
+
+@dataclass(frozen=True, slots=True)
+class Perturbation:
+    """Reality's deviation from the cost model (replay only; forks never perturb)."""
+
+    seed: int
+    duration_cv: float = 0.05  # coefficient of variation of per-op durations
+    interference: float = 0.10  # extra slowdown per co-located concurrent activity
+
+    def __post_init__(self) -> None:
+        if self.duration_cv < 0 or self.interference < 0:
+            raise ValueError("Perturbation: duration_cv and interference must be >= 0")
+
+    def perturb(self, base: SliceTiming, key: int, variant: Variant) -> SliceTiming:
+        """`base` with every op duration multiplied by its seeded lognormal factor."""
+        if self.duration_cv == 0:
+            return base
+        sigma2 = np.log1p(self.duration_cv ** 2)
+        tag = zlib.crc32(repr(variant).encode())
+        rng = np.random.default_rng((self.seed, key, tag))
+        noise = rng.lognormal(-sigma2 / 2, np.sqrt(sigma2), len(base.op_dur))
+        return SliceTiming.from_ops(base.op_dur * noise, base.slice_first, base.slice_count)
+
+    def slowdown(self, co_located: int) -> float:
+        return 1.0 + self.interference * co_located

@@ -1,0 +1,296 @@
+"""Segments: run the slices a group will execute next, from one or several chains, as one event.
+
+Most of a what-if's work is iterations running down their layer chains on their own group, one
+slice after another. A *chain* is a run of slices of one iteration where each has the previous
+as its only predecessor and is its only successor. When a slice starts on a group, the slices
+of its chain that follow on the same group, and the chains waiting in the queue for exactly that
+group, will run in a fixed order: with one stream per device and a queue ordered by runnable
+time, the chain whose slice just ended goes to the back, so k chains take strict turns. The
+simulator computes every step's start and end at once (a cumulative sum, in the same order of
+float additions as one by one) and keeps one end event for the whole segment.
+
+Exactness rests on one rule: steps inside a segment only affect their own group's devices, so
+as long as nothing else looks at or changes those devices, nobody can tell. A segment therefore
+stops at the first step whose end reaches outside (an iteration finishing, an output leaving the
+group, an input on another group being freed), which becomes its real end event. Anything else
+that touches its devices (a slice queued for one of them, a memory change on one, another stream
+starting or ending there, a remap of a slice the segment holds, the end of a `run`) first
+*splits* it: every step whose end precedes the current event in the heap order is written out as
+per-slice events would have written it, the step in progress continues as an ordinary running
+slice, and chains that were waiting go back to the queue with their runnable times. Memory is
+checked up front against the devices' use at the segment's start, and the segment stops before
+any step whose allocation would fail, so that OOM happens in the ordinary path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from slicesched.sim.events import Event, Prio
+from slicesched.sim.memory import ACT
+from slicesched.sim.timing import SliceTiming
+
+if TYPE_CHECKING:
+    from slicesched.sim.engine import Run
+    from slicesched.sim.iterinfo import IterInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """One chain taking turns in a segment."""
+
+    info: "IterInfo"
+    first: int  # local id of its first step
+    timing: SliceTiming
+    since: float  # when its first slice became runnable (it waited in the queue)
+    started: bool  # its first slice had already started when the segment formed
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Steps 0..N on one group, in execution order; step 0 is the slice that formed it."""
+
+    group: int
+    chains: tuple[Chain, ...]  # in turn order; the chain of step 0 is last
+    chain_of: np.ndarray  # int [N+1]
+    ids: np.ndarray  # int64 [N+1] global slice ids
+    starts: np.ndarray  # [N+1]
+    ends: np.ndarray  # [N+1]
+    free: np.ndarray  # [N] bytes freed per device when steps 0..N-1 end
+    alloc: np.ndarray  # [N] bytes allocated per device when steps 1..N start
+
+
+class SegmentMixin:
+    """Segment creation, splitting and settling for `Simulator` (uses its state directly)."""
+
+    _nseg: int = 0
+
+    # ---- creation ------------------------------------------------------------------------
+    def try_segment(self: Any, s: int, run: "Run", devs: tuple[int, ...]) -> list[Event]:
+        """Called right after slice `s` started: make it the first step of a segment if that is safe."""
+        g = run.group
+        plain = [(run.end, Prio.SLICE_END, s, run.version)]
+        waiting = [q for q in self._queue if not set(devs).isdisjoint(self._devs(q[2]))]
+        if any(q[2] != g for q in waiting) or (self.streams > 1 and waiting):
+            return plain
+        chains = [Chain(q[3], q[1] - q[3].base, self._timing(q[3], g), q[0], False) for q in waiting]
+        chains.append(Chain(run.info, run.local, run.timing, run.start, True))
+        lengths = [self._chain_steps(c, g, devs) for c in chains]
+        k = len(chains)
+        last = min(_step_of(p, n - 1, k) for p, n in enumerate(lengths))
+        if last == 0:
+            return plain
+        seg = self._plan(run, g, tuple(chains), last)
+        if seg is None:
+            return plain
+        self._queue[:] = [q for q in self._queue if q not in waiting]
+        key = int(seg.ids[-1])
+        del self._running[s]
+        self._running[key] = run._replace(end=float(seg.ends[-1]), seg=seg)
+        for d in devs:
+            self._seg_on[d] = key
+        self._nseg += 1
+        return [(float(seg.ends[-1]), Prio.SLICE_END, key, run.version)]
+
+    def _chain_steps(self: Any, c: Chain, g: int, devs: tuple[int, ...]) -> int:
+        """How many steps chain c can take here; every one but the last ends locally."""
+        if not self._prev_local(c.info, c.first, g):
+            return 1
+        m = self._weights_reach(c.info, c.first, self._group_reach(c.info, c.first, g), g, devs)
+        return m - c.first + 1
+
+    def _plan(self: Any, run: "Run", g: int, chains: tuple[Chain, ...], last: int) -> Segment | None:
+        k, n = len(chains), last + 1
+        if k == 1:  # one chain: its next n slices, plain slices of the per-slice arrays
+            c = chains[0]
+            j = slice(c.first, c.first + n)
+            chain_of = np.zeros(n, np.int64)
+            ids = np.arange(c.info.base + c.first, c.info.base + c.first + n)
+            dur, free, alloc = c.timing.slice_arr[j], c.info.step_free[j], c.info.step_alloc[j]
+        else:
+            chain_of, ids, dur, free, alloc = _interleave(chains, n)
+        if run.scale != 1.0:
+            dur = dur * run.scale
+        if not (dur > 0).all():
+            return None  # zero-length steps would tie with each other; keep them per-slice
+        last = self._memory_reach(last, free[:-1], alloc[1:], self._devs(g))
+        if last == 0:
+            return None
+        ends = np.cumsum(np.concatenate([[run.end], dur[1: last + 1]]))  # step 0 ends where it was due
+        starts = np.concatenate([[run.start], ends[:-1]])
+        cut = slice(0, last + 1)
+        return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1])
+
+    def _prev_local(self: Any, info: "IterInfo", j: int, g: int) -> bool:
+        """Does ending slice j free only things on its own group?"""
+        if not info.preds[j]:
+            return True
+        return info.chain[j - 1] and int(self.gmg.col("group")[(info.base + j - 1) & self.gmg.mask]) == g
+
+    def _group_reach(self: Any, info: "IterInfo", j: int, g: int) -> int:
+        """Last slice m >= j such that j+1..m continue j's chain on group g."""
+        cap = info.chain_end[j]
+        ids = np.arange(info.base + j + 1, info.base + cap + 1)
+        groups = self.gmg.col("group")[ids & self.gmg.mask]
+        bad = np.flatnonzero(groups != g)
+        m = cap if len(bad) == 0 else j + int(bad[0])
+        if self._reads is not None:
+            for x in range(info.base + j + 1, info.base + min(m + 1, cap) + 1):
+                self._reads.setdefault(x, self._stamp)
+        return m
+
+    def _weights_reach(self: Any, info: "IterInfo", j: int, m: int, g: int, devs: tuple[int, ...]) -> int:
+        if self._wok.get((info.tenant, g)) == self._wver:
+            return m
+        res = self.gmg.resident[info.tenant][:, list(devs)]
+        for i in range(j + 1, m + 1):
+            if not (res[info.wb_lo[i]: info.wb_hi[i] + 1] > 0).all():
+                return i - 1
+        return m
+
+    def _memory_reach(self: Any, last: int, free: np.ndarray, alloc: np.ndarray, devs: tuple[int, ...]) -> int:
+        """Last step of 0..last whose start allocation fits, given the devices' use right now (all
+        devices of the group see the same changes, so the tightest one decides)."""
+        steps = np.empty(2 * last)
+        steps[0::2], steps[1::2] = -free[:last], alloc[:last]
+        room = min(self.mem.cap[d] - self.mem.used(d) for d in devs)
+        over = np.flatnonzero(np.cumsum(steps)[1::2] > room)
+        return int(over[0]) if len(over) else last
+
+    # ---- splitting -----------------------------------------------------------------------
+    def touch(self: Any, devs: tuple[int, ...]) -> None:
+        """Something is about to look at or change these devices: split segments on them."""
+        if self._nseg:
+            for d in devs:
+                key = self._seg_on[d]
+                if key is not None:
+                    self._split(key, self._running[key])
+
+    _touch = touch
+
+    def _split(self: Any, key: int, run: "Run") -> None:
+        cur = self.materialize(key, run, full=False)
+        self._deferred.append((cur.end, Prio.SLICE_END, cur.info.base + cur.local, cur.version))
+
+    def materialize(self: Any, key: int, run: "Run", full: bool) -> "Run":
+        """Write out the steps that precede the current event (all but the last when `full`, at
+        the segment's own end event) and return the step in progress as an ordinary run."""
+        seg = run.seg
+        devs = self._devs(seg.group)
+        c = len(seg.ids) - 1 if full else self._steps_before(seg, self._key)
+        if c:
+            mem = np.empty(2 * c)
+            mem[0::2], mem[1::2] = -seg.free[:c], seg.alloc[:c]
+            nz = mem != 0
+            self.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
+            if self.record:
+                self.log.busy.append((self._stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1])))
+        for ci in range(len(seg.chains)):
+            self._write_chain(run, seg, ci, c, devs)
+        chain = seg.chains[int(seg.chain_of[c])]
+        self._ver += 1
+        cur = run._replace(start=float(seg.starts[c]), end=float(seg.ends[c]), info=chain.info,
+                           local=int(seg.ids[c]) - chain.info.base, timing=chain.timing, version=self._ver, seg=None)
+        for d in devs:
+            self._seg_on[d] = None
+        self._nseg -= 1
+        del self._running[key]
+        self._running[int(seg.ids[c])] = cur
+        return cur
+
+    @staticmethod
+    def _steps_before(seg: Segment, key: tuple) -> int:
+        """How many steps end before event `key` in heap order (ends strictly increase)."""
+        n = len(seg.ids) - 1
+        c = int(np.searchsorted(seg.ends[:n], key[0], side="left"))
+        if c < n and seg.ends[c] == key[0] and (key[1] > 0 or int(seg.ids[c]) < key[2]):
+            c += 1
+        return c
+
+    def _write_chain(self: Any, run: "Run", seg: Segment, ci: int, c: int, devs: tuple[int, ...]) -> None:
+        """Write out chain ci's part of steps 0..c-1; its next slice runs (step c) or waits."""
+        chain, info = seg.chains[ci], seg.chains[ci].info
+        idx = np.arange(c + 1) if len(seg.chains) == 1 else np.flatnonzero(seg.chain_of[: c + 1] == ci)
+        first = info.base + chain.first
+        if len(idx) == 0:
+            self._requeue(chain.since, first, seg.group, info)
+            return
+        if not chain.started:
+            self.gmg.start_on(first, float(seg.starts[idx[0]]), devs)
+        done = idx[idx < c]
+        if len(done):
+            starts, ends = (seg.starts[:c], seg.ends[:c]) if len(seg.chains) == 1 else (seg.starts[done], seg.ends[done])
+            tail = chain.first + len(done) - 1
+            self.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
+            if info.preds[chain.first]:
+                self._outputs.pop(first - 1, None)
+            self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
+            self.record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
+        if idx[-1] == c:
+            if len(done):
+                self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
+        else:
+            self._requeue(float(seg.ends[done[-1]]), first + len(done), seg.group, info)
+
+    def _requeue(self: Any, since: float, s: int, g: int, info: "IterInfo") -> None:
+        self._queue.append((since, s, g, info))
+        self._queue.sort(key=lambda q: (q[0], q[1]))
+
+    # ---- whole-simulator ------------------------------------------------------------------
+    def form_segments(self: Any) -> None:
+        """Turn running slices into segments where possible (a fresh fork: saves one event per
+        running slice; exact, since the plan starts from the slice's known end)."""
+        for s in sorted(self._running):
+            run = self._running.get(s)
+            if run is not None and run.seg is None and self._seg_on[self._devs(run.group)[0]] is None:
+                self._push(self.try_segment(s, run, self._devs(run.group)))
+
+    def settle(self: Any, until: float) -> None:
+        """Split every segment at `until` (end of a run, or before a per-slice `execute`)."""
+        if not self._nseg:
+            return
+        self._key = (until, 3, None)
+        for key, run in sorted(self._running.items()):
+            if run.seg is not None:
+                self._split(key, run)
+        self._push([])
+
+    def dissolve_segments(self: Any) -> None:
+        self.settle(self.now)
+
+    def split_covering(self: Any, lo: int, hi: int) -> None:
+        """Split every segment that holds one of slices lo..hi (not yet started, or waiting)."""
+        if not self._nseg:
+            return
+        for key, run in list(self._running.items()):
+            if run.seg is not None and (((run.seg.ids >= lo) & (run.seg.ids <= hi)).any()
+                                        or any(lo <= c.info.base + c.first <= hi for c in run.seg.chains)):
+                self._split(key, run)
+
+
+def _interleave(chains: tuple[Chain, ...], n: int) -> tuple[np.ndarray, ...]:
+    """Steps 0..n-1 of k chains taking turns: chain of each step, slice ids, durations, and the
+    bytes each step frees at its end and allocates at its start."""
+    k = len(chains)
+    rnd, pos = np.divmod(np.arange(n - 1), k)
+    chain_of = np.concatenate([[k - 1], pos])
+    local = np.concatenate([[0], rnd + (pos == k - 1)])  # index within its chain
+    ids, dur = np.empty(n, np.int64), np.empty(n)
+    free, alloc = np.empty(n), np.empty(n)
+    for ci, c in enumerate(chains):
+        sel = chain_of == ci
+        j = c.first + local[sel]
+        ids[sel] = c.info.base + j
+        dur[sel] = c.timing.slice_arr[j]
+        free[sel] = c.info.step_free[j]
+        alloc[sel] = c.info.step_alloc[j]
+    return chain_of, ids, dur, free, alloc
+
+
+def _step_of(pos: int, i: int, k: int) -> int:
+    """Global step of the i-th slice of the chain at turn position `pos` (the last position is
+    the chain of step 0)."""
+    return i * k if pos == k - 1 else 1 + i * k + pos

@@ -1,0 +1,104 @@
+"""Op and slice durations of an iteration on a device group, computed once and cached.
+
+The cost model prices whole iterations (one vectorized call), so the simulator asks once per
+(iteration, group variant) and keeps the per-op durations, their running sum and per-slice
+totals. A variant is what changes the price: group size, device type and the group's internal
+link. When a slice runs on a group whose size differs from the tenant's tensor-parallel degree,
+the iteration is rebuilt for that size (sharding changes FLOPs, bytes and collectives).
+
+Per-slice totals are kept as Python floats because the event loop reads one per slice start and
+a numpy scalar read costs several times a list read there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slicesched.cost.model import CostModel
+from slicesched.gmg.builder import build_iteration
+from slicesched.gmg.ops import IterationGraph
+from slicesched.hardware.cluster import Cluster
+from slicesched.hardware.specs import DeviceSpec, LinkSpec
+from slicesched.models.spec import ModelSpec
+
+Variant = tuple[int, str, str]  # (group size, device type, intra-group link)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceTiming:
+    """Durations of every op and slice of one iteration on one group variant."""
+
+    op_dur: np.ndarray  # float64 [num_ops] seconds
+    op_cum: np.ndarray  # float64 [num_ops + 1], op_cum[i] = sum(op_dur[:i])
+    slice_first: np.ndarray  # int32 [num_slices], first op of each slice in this variant's graph
+    slice_count: np.ndarray  # int32 [num_slices]
+    slice_dur: list[float]  # per slice, sum of its ops
+    slice_arr: np.ndarray  # the same as an array
+    slice_prefix: np.ndarray  # float64 [num_slices + 1], running sum of slice_dur
+
+    @classmethod
+    def from_ops(cls, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> "SliceTiming":
+        cum = np.concatenate([[0.0], np.cumsum(op_dur)])
+        per_slice = cum[first + count] - cum[first]
+        prefix = np.concatenate([[0.0], np.cumsum(per_slice)])
+        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, prefix)
+
+    def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every op of slice `local` that started at `start` (ops run back to back)."""
+        a = int(self.slice_first[local])
+        b = a + int(self.slice_count[local])
+        rel = (self.op_cum[a: b + 1] - self.op_cum[a]) * scale
+        return start + rel[:-1], start + rel[1:]
+
+
+def group_variant(cluster: Cluster, group: int) -> tuple[Variant, DeviceSpec, LinkSpec]:
+    """The pricing key of a group: its size, slowest device type and internal link."""
+    devices = cluster.group(group)
+    spec = min((cluster.device_specs[d] for d in devices), key=lambda s: (s.mem_bandwidth, s.peak_flops))
+    link = cluster.group_intra_link(group)
+    return (len(devices), spec.name, link.name), spec, link
+
+
+class TimingCache:
+    """Base (unperturbed) timings per (iteration key, variant). Pure function of its inputs, so
+    a parent simulator and its forks share one cache safely."""
+
+    def __init__(self, cost: CostModel, cluster: Cluster) -> None:
+        self.cost = cost
+        self.cluster = cluster
+        self._by_group: dict[int, tuple[Variant, DeviceSpec, LinkSpec]] = {}
+        self._timings: dict[tuple[int, Variant], SliceTiming] = {}
+
+    def variant(self, group: int) -> Variant:
+        v = self._by_group.get(group)
+        if v is None:
+            v = self._by_group[group] = group_variant(self.cluster, group)
+        return v[0]
+
+    def get(self, key: int, graph: IterationGraph, model: ModelSpec, group: int) -> SliceTiming:
+        variant = self.variant(group)
+        t = self._timings.get((key, variant))
+        if t is None:
+            _, spec, link = self._by_group[group]
+            g = graph_for_size(graph, model, variant[0])
+            t = SliceTiming.from_ops(self.cost.op_times(g, spec, link), g.slice_first, g.slice_count)
+            self._timings[(key, variant)] = t
+        return t
+
+    def forget(self, key: int) -> None:
+        """Drop an iteration's timings (it retired)."""
+        for k in [k for k in self._timings if k[0] == key]:
+            del self._timings[k]
+
+
+def graph_for_size(graph: IterationGraph, model: ModelSpec, size: int) -> IterationGraph:
+    """The iteration as sharded over `size` devices (itself when that is its own degree)."""
+    if size == graph.tp:
+        return graph
+    g = build_iteration(model, graph.shape, tp=size, grain=graph.grain, tenant=graph.tenant,
+                        iteration=graph.iteration)
+    if g.num_slices != graph.num_slices:
+        raise ValueError(f"{graph.tenant}: rebuilding for {size} devices changed the slice count")
+    return g
