@@ -1,0 +1,26 @@
+"""Operator executor: a `torch.compile` backend, sliced programs, devices with workers,
+transfers and memory budgets, and the `Backend` the schedulers drive.
+
+>>> import torch
+>>> from slicesched.executor import compile_exported
+>>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+>>> x = torch.randn(2, 4)
+>>> run = compile_exported(torch.export.export(net, (x,)), devices=2, placement="round_robin", grain="op")
+>>> torch.equal(run(x), net(x))
+True
+"""
+
+from slicesched.executor.backend import ExecutorBackend, drive
+from slicesched.executor.compile_backend import (CompileOptions, ExportedCallable, SlicedCallable,
+                                                 compile_exported, slicesched_backend)
+from slicesched.executor.placement import ContiguousScheduler, RoundRobinScheduler, contiguous, round_robin
+from slicesched.executor.program import SliceCode, SlicedProgram, build_program, state_tensors_of
+from slicesched.executor.runtime import (DeviceConfig, ExecutionFailed, Executor, Run, RunReport, RunResult,
+                                         SliceError, SliceRecord, TransferRecord)
+
+__all__ = [
+    "ExecutorBackend", "drive", "CompileOptions", "ExportedCallable", "SlicedCallable", "compile_exported",
+    "slicesched_backend", "ContiguousScheduler", "RoundRobinScheduler", "contiguous", "round_robin",
+    "SliceCode", "SlicedProgram", "build_program", "state_tensors_of", "DeviceConfig", "ExecutionFailed",
+    "Executor", "Run", "RunReport", "RunResult", "SliceError", "SliceRecord", "TransferRecord",
+]
