@@ -187,6 +187,7 @@ class Simulator(SegmentMixin):
         while (t := self._next_time()) <= until and t < INF:
             self._process()
         if until < INF:
+            self._new_stamp()  # the close of a run is a step of its own (rows it writes splice apart)
             self.settle(until)
             self.now = max(self.now, until)
 
@@ -331,9 +332,12 @@ class Simulator(SegmentMixin):
 
     def _external(self) -> None:
         """A driver action at `now`: it counts as one stamp and sees every chain step up to now."""
+        self._new_stamp()
+        self._key = (self.now, 3, None)
+
+    def _new_stamp(self) -> None:
         self._stamp += 1
         self.mem.stamp = self._stamp
-        self._key = (self.now, 3, None)
 
     # ==== slices =======================================================================
     def _on_slice_end(self, s: int) -> list[Event]:
@@ -699,6 +703,22 @@ class Simulator(SegmentMixin):
             t = self._perturbed[k] = p.perturb(base, info.key, k[1])
         return t
 
+    # ==== state identity (incremental re-simulation) ======================================
+    def snapshot(self) -> "Simulator":
+        """An exact copy of the current state (a checkpoint): same mode, no re-timing, empty rows."""
+        return self._copy(keep_log=False, retime=False, segments=self.segments)
+
+    def digest(self) -> tuple:
+        """Everything that decides the future, as a comparable value (not the clock, rows or
+        caches): two states with equal digests evolve identically from here."""
+        running = tuple(sorted((s, r.group, r.start, r.end, r.info.key, r.local, r.scale, r.co, _seg_id(r.seg))
+                               for s, r in self._running.items()))
+        flows = tuple(sorted(f.state() for f in self.net.flows.values()))
+        mem = tuple(np.concatenate(self.mem.arrays).tolist())
+        return (running, tuple(q[:3] for q in self._queue), tuple(sorted(self._outputs.items())),
+                tuple(sorted(self._inbound.items())), tuple(sorted(self._wwait.items())), flows, mem,
+                tuple(self.gmg.ready_slices().tolist()), tuple(self._free), self._wver)
+
     # ==== copies =======================================================================
     def _copy(self, keep_log: bool, retime: bool, segments: bool) -> "Simulator":
         """A full, independent copy of the state (a fork, or a checkpoint when keep_log)."""
@@ -734,3 +754,11 @@ class Simulator(SegmentMixin):
                      else (fl.start + fl.latency, Prio.XFER_JOIN, k, fl.version))
         heapq.heapify(h)
         return h
+
+
+def _seg_id(seg: Segment | None) -> tuple | None:
+    """A segment is a function of its chains, length and first start (see segments.py)."""
+    if seg is None:
+        return None
+    return (tuple((c.info.key, c.first, c.since, c.started) for c in seg.chains), len(seg.ids),
+            float(seg.starts[0]), float(seg.ends[-1]))

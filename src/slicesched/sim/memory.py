@@ -122,6 +122,13 @@ class MemoryLedger:
                 self.log.extend(zip([self.stamp] * k, times.tolist(), [d] * k, [cat] * k, deltas.tolist(),
                                     (u + rel).tolist()))
 
+    def take_window_peak(self) -> list[float]:
+        """Peak per device since the last call, then restart from what is in use now (the
+        incremental re-simulation keeps one window per event so runs can be spliced)."""
+        peak = self.peak_seen
+        self.peak_seen = [self.used(d) for d in range(len(self.cap))]
+        return peak
+
     # ---- queries -----------------------------------------------------------------------
     def rows(self) -> np.ndarray:
         """The log as a float64 array [rows, 6] (stamp, time, device, category, delta, used)."""

@@ -1,0 +1,137 @@
+"""Incremental what-ifs: re-simulate only from where a placement change can matter.
+
+A scheduler weighing many variants of one decision (move this run there, or there...) asks
+`Incremental(sim, decision, horizon)` once: it runs the decision to the horizon while recording
+(1) the stamp at which the engine first read each slice's mapping, (2) a digest of the state
+after every event, (3) checkpoints (exact state copies) every few events, and (4) each event's
+memory peak window. `predict(change)` then:
+
+1. finds the earliest stamp at which any slice of `change` was read; nothing before it can
+   depend on their mapping, so it restores the latest checkpoint before that stamp (if the
+   slices were never read, the change cannot matter inside the horizon and the recorded
+   prediction is returned as is);
+2. applies the change and re-simulates from there, comparing the state after each event with
+   the recorded state at the same point of the base run (the last base event not after it);
+3. stops as soon as they are equal and the changed slices are done with their outputs freed
+   (their mapping can no longer matter): the future is then the base run's future;
+4. splices rows by stamp (base rows before the checkpoint, re-simulated rows, base rows after
+   the reconvergence point) and builds the prediction from them.
+
+The reference it must equal is a full re-simulation: fork, apply the decision, apply the change,
+simulate. Ties are ordered by the heap key alone (see events.py), so a run restored mid-way
+orders them exactly as the full run does.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from slicesched.gmg.graph import SliceState
+from slicesched.sched.interface import SchedulerDecision, SlicePlacement
+from slicesched.sim.engine import Simulator
+from slicesched.sim.prediction import Prediction, RunLog, build_prediction
+
+_NEVER = 1 << 62
+
+
+class Incremental:
+    """A recorded what-if of `decision` over `horizon_s` that answers placement changes cheaply."""
+
+    def __init__(self, sim: Simulator, decision: SchedulerDecision, horizon_s: float, every: int = 4) -> None:
+        self._sim, self._decision, self.horizon_s = sim, decision, horizon_s
+        self.t1 = sim.now + horizon_s
+        self.every = every
+        base = sim._copy(keep_log=False, retime=sim.perturbation is not None, segments=True)
+        base._reads = {}
+        base.form_segments()
+        self._ckpts: list[tuple[int, Simulator]] = [(base._stamp, base.snapshot())]
+        base.apply(decision)
+        self._start_reads(base)
+        self._windows: list[tuple[int, list[float]]] = [(base._stamp, base.mem.take_window_peak())]
+        self._ckpts.append((base._stamp, base.snapshot()))
+        self._keys: list[tuple] = []
+        self._stamps: list[int] = []
+        self._digests: list[tuple] = []
+        base.on_event = self._record
+        base._advance(self.t1)
+        base.on_event = None
+        self._windows.append((base._stamp, base.mem.take_window_peak()))
+        self._base = base
+        self.prediction = self._build(base.log, base.tail(), self._peak(None, None, None))
+
+    # ---- recording -------------------------------------------------------------------------
+    def _start_reads(self, base: Simulator) -> None:
+        """Slices already ready, or with a finished predecessor, act on a new mapping at once."""
+        first_event = base._stamp + 1
+        state, m = base.gmg.col("state"), base.gmg.mask
+        for key in base.gmg.iterations:
+            info, _ = base._info_of(base.gmg.iterations[key].base)
+            ids = np.arange(info.base, info.base + info.n)
+            st = state[ids & m]
+            left = base.gmg.col("preds_left")[ids & m]
+            hot = ids[(st == SliceState.READY) | ((st == SliceState.PENDING) & (left < info.npreds))]
+            for x in hot.tolist():
+                base._reads.setdefault(x, first_event)
+
+    def _record(self, sim: Simulator) -> None:
+        stamp = sim._stamp
+        self._keys.append(sim._key[:3])
+        self._stamps.append(stamp)
+        self._digests.append(sim.digest())
+        self._windows.append((stamp, sim.mem.take_window_peak()))
+        if len(self._keys) % self.every == 0:
+            self._ckpts.append((stamp, sim.snapshot()))
+
+    # ---- queries ---------------------------------------------------------------------------
+    def full(self, change: SlicePlacement) -> Prediction:
+        """The reference: fork, apply the decision, apply the change, simulate everything."""
+        f = self._sim.fork()
+        f.apply(self._decision)
+        f.apply(SchedulerDecision(f.now, (change,)))
+        return f.simulate(self.horizon_s)
+
+    def predict(self, change: SlicePlacement) -> Prediction:
+        """The prediction with `change` applied after the decision, re-simulating only what it affects."""
+        ids = change.slice_ids()
+        read = min((self._base._reads.get(x, _NEVER) for x in ids), default=_NEVER)
+        if read == _NEVER:
+            return self.prediction
+        c = bisect.bisect_left([s for s, _ in self._ckpts], read) - 1
+        if c < 0:
+            return self.full(change)
+        stamp, ckpt = self._ckpts[c]
+        run = ckpt.snapshot()
+        if c == 0:  # the checkpoint before the decision itself
+            run.apply(self._decision)
+        run.apply(SchedulerDecision(run.now, (change,)))
+        return self._resume(run, stamp, ids)
+
+    def _resume(self, run: Simulator, upto: int, changed: range) -> Prediction:
+        state, m = run.gmg.col("state"), run.gmg.mask
+        while (t := run._next_time()) <= self.t1:
+            run._process()
+            i = bisect.bisect_right(self._keys, run._key[:3]) - 1
+            if i < 0 or self._stamps[i] <= upto:
+                continue
+            if all(state[x & m] == SliceState.DONE and x not in run._outputs for x in changed) \
+                    and run.digest() == self._digests[i]:
+                after = self._stamps[i]
+                log = self._base.log.spliced(upto, run.log, after)
+                return self._build(log, self._base.tail(), self._peak(upto, run, after))
+        run._advance(self.t1)
+        log = self._base.log.spliced(upto, run.log, _NEVER)
+        return self._build(log, run.tail(), self._peak(upto, run, None))
+
+    # ---- assembling ------------------------------------------------------------------------
+    def _peak(self, upto: int | None, run: Simulator | None, after: int | None) -> np.ndarray:
+        """Peak per device: base windows up to `upto`, the re-simulated run, base windows after `after`."""
+        rows = [w for s, w in self._windows if upto is None or s <= upto or (after is not None and s > after)]
+        if run is not None:
+            rows.append(run.mem.peak_seen)
+        return np.max(np.array(rows, np.float64), axis=0)
+
+    def _build(self, log: RunLog, tail: list, peak: np.ndarray) -> Prediction:
+        return build_prediction(self._base._sh.cluster, self._base.mem.t0, self.t1, self._base._tracked, log, tail,
+                                peak)
