@@ -332,8 +332,10 @@ class Executor:
     def _state_on(self, t: torch.Tensor, device: int) -> tuple[torch.Tensor, int]:
         """(the tensor as resident on `device`, bytes copied to make it so)."""
         home = self._home.get(id(t))
-        if home is None:
-            self.place_weights([t], device)
+        if home is None:  # first sight: the device that needs it becomes its home
+            refused = self.place_weights([t], device)
+            if refused:
+                raise _Refused(refused[0])
             return t, 0
         if home[1] == device:
             return t, 0
@@ -352,9 +354,12 @@ class Executor:
         dev.replicas[id(t)] = (t, copy)
         return copy, nbytes
 
-    def _slice_state(self, program: SlicedProgram, args: Sequence[Any], code: SliceCode, device: int,
-                     transfers: list[TransferRecord] | None) -> tuple:
-        """The weights/buffers a slice reads, resident on `device` (cached per program and device)."""
+    def state_table(self, program: SlicedProgram, args: Sequence[Any], device: int) -> list[tuple | None]:
+        """Per slice, the resident weights/buffers it reads on `device` (filled on first use).
+
+        Cached per (program, device) and keyed by the identity of the state tensors, so a call
+        with the same weights costs one tuple of ids, not a lookup per weight per slice.
+        """
         key = (program.uid, device)
         ids = tuple(id(args[i]) for i in program.state)
         with self._lock:
@@ -362,17 +367,22 @@ class Executor:
             if cached is None or cached[0] != ids:
                 cached = (ids, [None] * program.num_slices)
                 self._state_cache[key] = cached
-            got = cached[1][code.index]
+        return cached[1]
+
+    def slice_state(self, table: list[tuple | None], args: Sequence[Any], code: SliceCode, device: int,
+                    transfers: list[TransferRecord]) -> tuple:
+        """Fill one slice's entry of a state table, copying weights not yet resident (may refuse)."""
+        got = table[code.index]
         if got is not None:
             return got
         out = []
         for i in code.state:
             t, moved = self._state_on(args[i], device)
-            if moved and transfers is not None:
+            if moved:
                 transfers.append(TransferRecord("weight", self._home[id(args[i])][1], device, moved))
             out.append(t)
-        cached[1][code.index] = tuple(out)
-        return cached[1][code.index]
+        table[code.index] = tuple(out)
+        return table[code.index]
 
     # ---- runs -----------------------------------------------------------------------------
     def run(self, program: SlicedProgram, args: Sequence[Any], placement: Sequence[int] | int = 0,
@@ -406,31 +416,36 @@ class Executor:
         return Run(self, program, program.full_args(args), input_device, on_slice)
 
     def _run_inline(self, program: SlicedProgram, args: Sequence[Any], device: int) -> RunResult:
-        """The lean path: all slices on one device, in the calling thread, in slice order."""
+        """The lean path: all slices on one device, in the calling thread, in slice order.
+
+        Per slice: one budget compare, one call of the slice's generated code, slot stores and
+        the static frees; timings are kept as raw floats and become records at the end.
+        """
         dev = self.devices[device]
         vals: list[Any] = [None] * program.num_slots
         for i, p in enumerate(program.user):
             vals[i] = args[p]
-        records: list[SliceRecord] = []
+        table = self.state_table(program, args, device)
+        times: list[float] = []
         transfers: list[TransferRecord] = []
-        slot_bytes, clock = program.slot_bytes, self.clock
+        slot_bytes, clock, cap = program.slot_bytes, self.clock, dev.cfg.budget_bytes
         live = 0
         with dev.stream_ctx():
             for code in program.slices:
                 t0 = clock()
+                state: tuple = ()
                 try:
-                    state = self._slice_state(program, args, code, device, transfers)
-                    left = dev.cfg.budget_bytes - dev.used - live
-                    if code.out_bytes > left:
+                    state = table[code.index] or self.slice_state(table, args, code, device, transfers)
+                    if live + code.out_bytes > cap - dev.used:
                         raise _Refused(OOMEvent(device, t0, float(code.out_bytes), dev.used + live,
                                                 dev.cfg.budget_bytes, "activation", program.captured.graph.tenant))
                     outs = code.fn(*state, *[vals[i] for i in code.inputs])
                 except _Refused as e:
-                    return self._inline_failed(records, transfers, code, device, t0, str(e), e.oom)
+                    return self._inline_failed(times, transfers, code, device, t0, str(e), e.oom)
                 except torch.OutOfMemoryError as e:
                     oom = OOMEvent(device, t0, float(code.out_bytes), dev.used + live, dev.cfg.budget_bytes,
                                    "activation", program.captured.graph.tenant)
-                    return self._inline_failed(records, transfers, code, device, t0, f"OutOfMemoryError: {e}", oom)
+                    return self._inline_failed(times, transfers, code, device, t0, f"OutOfMemoryError: {e}", oom)
                 except Exception as e:
                     raise _name_failure(code, state, [vals[i] for i in code.inputs], e) from e
                 for slot, v in zip(code.outputs, outs):
@@ -439,15 +454,22 @@ class Executor:
                 for slot in code.free:
                     vals[slot] = None
                     live -= slot_bytes[slot]
-                records.append(SliceRecord(code.index, device, t0, clock()))
+                times.append(t0)
+        end = clock()
         dev.peak = max(dev.peak, dev.used + live)
         outputs = [_output(o, vals, args) for o in program.outputs]
-        return RunResult(outputs, RunReport(tuple(records), tuple(transfers)))
+        return RunResult(outputs, RunReport(_records(times, end, device), tuple(transfers)))
 
-    def _inline_failed(self, records: list[SliceRecord], transfers: list[TransferRecord], code: SliceCode,
+    def _inline_failed(self, times: list[float], transfers: list[TransferRecord], code: SliceCode,
                        device: int, t0: float, why: str, oom: OOMEvent | None) -> RunResult:
-        records.append(SliceRecord(code.index, device, t0, self.clock(), False, why))
-        return RunResult(None, RunReport(tuple(records), tuple(transfers), (oom,) if oom else ()))
+        records = _records(times, t0, device) + (SliceRecord(code.index, device, t0, self.clock(), False, why),)
+        return RunResult(None, RunReport(records, tuple(transfers), (oom,) if oom else ()))
+
+
+def _records(starts: list[float], end: float, device: int) -> tuple[SliceRecord, ...]:
+    """Records of consecutive slices 0..n-1 from their start times (each ends when the next starts)."""
+    ends = starts[1:] + [end]
+    return tuple(SliceRecord(i, device, s, e) for i, (s, e) in enumerate(zip(starts, ends)))
 
 
 def _output(o: OutputRef, vals: list[Any], args: Sequence[Any]) -> Any:
@@ -618,7 +640,8 @@ class Run:
         transfers: list[TransferRecord] = []
         state: tuple = ()
         try:
-            state = self.ex._slice_state(self.program, self.args, code, device, transfers)
+            table = self.ex.state_table(self.program, self.args, device)
+            state = self.ex.slice_state(table, self.args, code, device, transfers)
             oom = dev.refusal(code.out_bytes, "activation", self.program.captured.graph.tenant)
             if oom is not None:
                 raise _Refused(oom)

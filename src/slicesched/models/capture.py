@@ -433,6 +433,10 @@ class CapturedGraph:
     def per_layer_weight_bytes(self) -> np.ndarray:
         return _per_layer(self.graph, self.graph.weight_bytes, self.num_layers)
 
+    def as_one_slice(self) -> "CapturedGraph":
+        """All ops in a single slice (a baseline for measuring per-slice dispatch)."""
+        return dataclasses.replace(self, graph=_with_slices(self.graph, np.zeros(self.num_ops, np.int32)))
+
     def with_grain(self, grain: Grain) -> "CapturedGraph":
         """The same ops grouped into slices of another grain."""
         g = dataclasses.replace(self.graph, grain=grain)
