@@ -25,7 +25,7 @@ def movable_runs(c: Case, sim) -> list[tuple[int, int, tuple[int, ...]]]:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.data())
 def test_incremental_equals_full_resimulation(c: Case, data: st.DataObject) -> None:
     sim = case_sim(c)

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from sim_helpers import Case, case_sim, cases, same_prediction
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_segments_equal_per_slice_simulation(c: Case) -> None:
     sim = case_sim(c)

@@ -48,6 +48,7 @@ from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.prediction import Prediction, RunLog, SliceRow, build_prediction
 from slicesched.sim.segments import Segment, SegmentMixin
 from slicesched.sim.timing import SliceTiming, TimingCache
+from slicesched.sim.trace import chrome_trace
 
 INF = float("inf")
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
@@ -282,7 +283,12 @@ class Simulator(SegmentMixin):
         return timing.op_times(local, start, scale)
 
     def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """(times, bytes in use) of one device since the simulator started (needs `record`)."""
         return self.mem.timeline(device)
+
+    def perfetto(self, ops: bool = True) -> dict:
+        """The recorded timeline as Chrome/Perfetto trace JSON (see trace.py; needs `record`)."""
+        return chrome_trace(self, ops)
 
     def peak_memory(self) -> np.ndarray:
         return self.mem.peak()
@@ -562,7 +568,8 @@ class Simulator(SegmentMixin):
 
     def _on_xfer_end(self, key: FlowKey) -> list[Event]:
         flow, ev = self.net.close(key, self.now)
-        self.log.flows.append((self._stamp, key, flow.src, flow.dst, flow.start, self.now, flow.nbytes))
+        if self.record:
+            self.log.flows.append((self._stamp, key, flow.src, flow.dst, flow.start, self.now, flow.nbytes))
         if key[0] == FLOW_ACT:
             self._deliver_act(key[2], flow)
         else:

@@ -1,0 +1,112 @@
+"""Execution on a virtual clock: hand-computable timings of slices, transfers and weight copies."""
+
+import numpy as np
+import pytest
+
+from sim_helpers import COST, tiny, whole, world
+from slicesched.gmg import BatchShape, Grain, build_iteration
+from slicesched.hardware import DEVICES, LINKS
+from slicesched.sched.interface import SchedulerDecision, SlicePlacement, WeightCopy, WeightEviction
+from slicesched.sim import SimulationError, Simulator
+
+H100 = DEVICES["H100-80GB"]
+
+
+def drain(sim: Simulator, decision: SchedulerDecision) -> list:
+    """Drive `execute` until nothing is left; all completions in order."""
+    done = list(sim.execute(decision).completed)
+    while True:
+        out = sim.execute(SchedulerDecision(sim.now))
+        if not out.completed:
+            return done
+        done += out.completed
+
+
+def test_chain_on_one_device_takes_the_sum_of_its_op_times() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,))})
+    g = build_iteration(m, BatchShape.decode(16, 128), tenant="a")
+    sim = Simulator(gmg, COST)
+    h = sim.add_iteration(g)
+    done = drain(sim, whole(h, 0))
+    expected = COST.op_times(g, H100, LINKS["local"])
+    assert [c.slice_id for c in done] == list(h.slice_ids())
+    assert done[-1].end == pytest.approx(expected.sum(), rel=1e-12)
+    assert sim.op_events == g.num_ops
+    starts = np.concatenate([sim.op_times(r)[0] for r in sim.log.slices])
+    ends = np.concatenate([sim.op_times(r)[1] for r in sim.log.slices])
+    np.testing.assert_allclose(ends - starts, expected, rtol=1e-12)  # every op has its own event
+    np.testing.assert_allclose(starts[1:], ends[:-1], rtol=1e-12)  # back to back
+
+
+def test_execute_stops_at_each_completion_and_at_until() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,))})
+    sim = Simulator(gmg, COST)
+    h = sim.add_iteration(build_iteration(m, BatchShape.decode(16, 128), tenant="a"))
+    first = sim.execute(whole(h, 0))
+    assert len(first.completed) == 1 and first.time == first.completed[0].end
+    out = sim.execute(SchedulerDecision(sim.now), until=sim.now + 1e-9)
+    assert out.completed == () and out.time == pytest.approx(first.time + 1e-9)
+
+
+def test_transfer_between_devices_adds_latency_plus_bytes_over_bandwidth() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,))}, everywhere=True)
+    g = build_iteration(m, BatchShape.decode(16, 128), tenant="a", grain=Grain.BLOCK)
+    sim = Simulator(gmg, COST)
+    h = sim.add_iteration(g)
+    k = 3  # slices 0..2 on device 0, the rest on device 1
+    done = drain(sim, SchedulerDecision(0.0, (SlicePlacement(h.slice_base, 0, k),
+                                              SlicePlacement(h.slice_base + k, 1, h.num_slices - k))))
+    nbytes = float(g.out_bytes[g.slice_first[k - 1] + g.slice_count[k - 1] - 1])
+    hop = COST.transfer_time(nbytes, gmg.cluster.link(0, 1))
+    assert done[k].start - done[k - 1].end == pytest.approx(hop, rel=1e-9)
+    assert done[-1].end == pytest.approx(COST.op_times(g, H100, LINKS["local"]).sum() + hop, rel=1e-9)
+    assert len(sim.log.flows) == 1
+
+
+def test_two_transfers_sharing_one_link_each_take_twice_as_long() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,)), "b": (m, (0,))}, everywhere=True)
+    sim = Simulator(gmg, COST, streams_per_device=2)
+    g = build_iteration(m, BatchShape.prefill(256), tenant="a", grain=Grain.BLOCK)
+    hs = [sim.add_iteration(build_iteration(m, BatchShape.prefill(256), tenant=t, grain=Grain.BLOCK)) for t in "ab"]
+    place = []
+    for h in hs:
+        place += [SlicePlacement(h.slice_base, 0, 1), SlicePlacement(h.slice_base + 1, 1, h.num_slices - 1)]
+    done = drain(sim, SchedulerDecision(0.0, tuple(place)))
+    nbytes = float(g.out_bytes[g.slice_count[0] - 1])
+    link = gmg.cluster.link(0, 1)
+    alone = COST.transfer_time(nbytes, link)
+    latency = COST.transfer_time(1.0, link) - (COST.transfer_time(2.0, link) - COST.transfer_time(1.0, link))
+    by_id = {c.slice_id: c for c in done}
+    for h in hs:
+        waited = by_id[h.slice_base + 1].start - by_id[h.slice_base].end
+        assert waited - latency == pytest.approx(2 * (alone - latency), rel=1e-6)
+
+
+def test_slice_waits_for_a_weight_copy_from_host() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,))}, everywhere=True)
+    g = build_iteration(m, BatchShape.decode(4, 64), tenant="a", grain=Grain.BLOCK)
+    block = int(g.wblock[g.slice_first[1]])  # layer 0 attention weights, needed by slice 1
+    sim = Simulator(gmg, COST)
+    h = sim.add_iteration(g)
+    nbytes = float(gmg.resident["a"][block, 1])
+    sim.apply(SchedulerDecision(0.0, evictions=(WeightEviction("a", block, 1),)))
+    assert gmg.resident["a"][block, 1] == 0
+    done = drain(sim, SchedulerDecision(0.0, (SlicePlacement(h.slice_base, 1, h.num_slices),),
+                                        weight_copies=(WeightCopy("a", block, -1, 1),)))
+    arrive = COST.transfer_time(nbytes, gmg.cluster.host_link(1))
+    assert done[1].start == pytest.approx(max(arrive, done[0].end), rel=1e-12)
+    assert gmg.resident["a"][block, 1] == nbytes
+
+
+def test_a_slice_without_its_weights_and_no_copy_crashes_the_run() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,))})  # weights only on device 0
+    sim = Simulator(gmg, COST)
+    h = sim.add_iteration(build_iteration(m, BatchShape.decode(4, 64), tenant="a"))
+    with pytest.raises(SimulationError, match="weight block"):
+        sim.execute(whole(h, 1))

@@ -1,0 +1,113 @@
+"""The replay environment: seeded perturbation is deterministic, differs by seed, and forks
+predict from the cost model alone without touching their parent."""
+
+import numpy as np
+import pytest
+
+from sim_helpers import COST, same_prediction, tiny, whole, world
+from slicesched.gmg import BatchShape, build_iteration
+from slicesched.sched.interface import SchedulerDecision, SlicePlacement
+from slicesched.sim import Perturbation, Simulator
+
+TENANTS = {"a": (tiny("ma", layers=2), (0,)), "b": (tiny("mb", layers=3, hidden=128), (1, 2)),
+           "c": (tiny("mc", layers=1), (3,))}
+
+
+def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0) -> Simulator:
+    """Each tenant decodes continuously: a new iteration whenever its previous one finishes."""
+    gmg = world(TENANTS, per_node=4, everywhere=True)
+    sim = Simulator(gmg, COST, perturbation=pert)
+    rng = np.random.default_rng(seed)
+    live = {}
+
+    def new(t: str) -> SlicePlacement:
+        m, devs = TENANTS[t]
+        g = build_iteration(m, BatchShape.decode(int(rng.integers(1, 64)), int(rng.integers(1, 256))),
+                            tp=len(devs), tenant=t)
+        h = sim.add_iteration(g)
+        live[h.key] = t
+        return SlicePlacement(h.slice_base, gmg.cluster.group_id(devs), h.num_slices)
+
+    place = [new(t) for t in TENANTS]
+    while sim.now < seconds:
+        out = sim.execute(SchedulerDecision(sim.now, tuple(place)))
+        place = [new(live.pop(k)) for k in out.finished_iterations]
+    return sim
+
+
+def timeline(sim: Simulator) -> list[tuple]:
+    return [r[1:5] for r in sim.log.slices]
+
+
+def test_same_seed_gives_identical_timelines() -> None:
+    assert timeline(decode_loop(Perturbation(7))) == timeline(decode_loop(Perturbation(7)))
+
+
+def test_different_seeds_differ() -> None:
+    assert timeline(decode_loop(Perturbation(7))) != timeline(decode_loop(Perturbation(8)))
+
+
+def test_op_noise_has_mean_one_and_the_requested_spread() -> None:
+    m = tiny(layers=3)
+    gmg = world({"a": (m, (0,))})
+    g = build_iteration(m, BatchShape.decode(32, 128), tenant="a")
+    sims = {}
+    for name, pert in (("exact", None), ("noisy", Perturbation(11, duration_cv=0.2, interference=0.0))):
+        sims[name] = sim = Simulator(gmg.fork(), COST, perturbation=pert)
+        h = sim.add_iteration(g)
+        sim.execute(whole(h, 0))
+        sim.run()
+    ops = {k: np.concatenate([np.diff(np.stack(s.op_times(r)), axis=0)[0] for r in s.log.slices])
+           for k, s in sims.items()}
+    ratio = ops["noisy"] / ops["exact"]
+    assert ratio.mean() == pytest.approx(1.0, abs=0.05)
+    assert ratio.std() == pytest.approx(0.2, abs=0.06)
+
+
+def test_fork_does_not_touch_its_parent() -> None:
+    sim = decode_loop(Perturbation(3), seconds=0.001)
+    twin = decode_loop(Perturbation(3), seconds=0.001)
+    before = (sim.digest(), sim.now, sim.gmg.col("state").copy(), sim.gmg.mem_used().copy(), len(sim.log.slices))
+    f = sim.fork()
+    ready = f.gmg.unmapped_ready()
+    h = f.add_iteration(build_iteration(TENANTS["a"][0], BatchShape.decode(8, 8), tenant="a"))
+    f.apply(SchedulerDecision(f.now, (SlicePlacement(h.slice_base, 3, h.num_slices),)))
+    f.simulate(0.01)
+    after = (sim.digest(), sim.now, sim.gmg.col("state"), sim.gmg.mem_used(), len(sim.log.slices))
+    assert before[0] == after[0] and before[1] == after[1] and before[4] == after[4]
+    np.testing.assert_array_equal(before[2], after[2])
+    np.testing.assert_array_equal(before[3], after[3])
+    assert h.key not in sim.gmg.iterations and len(ready) == len(sim.gmg.unmapped_ready())
+    for s in (sim, twin):  # the parent goes on exactly as if never forked
+        s.run(until=s.now + 0.002)
+    assert timeline(sim) == timeline(twin)
+
+
+def test_fork_predicts_what_an_unperturbed_replay_does() -> None:
+    gmg = world(TENANTS, per_node=4)
+    sim = Simulator(gmg, COST)
+    hs = {t: sim.add_iteration(build_iteration(m, BatchShape.decode(32, 100), tp=len(d), tenant=t))
+          for t, (m, d) in TENANTS.items()}
+    place = SchedulerDecision(0.0, tuple(SlicePlacement(h.slice_base, gmg.cluster.group_id(TENANTS[t][1]),
+                                                        h.num_slices) for t, h in hs.items()))
+    f = sim.fork()
+    f.apply(place)
+    pred = f.simulate(1.0)
+    sim.execute(place)
+    sim.run()
+    ends = {key: t for _, key, t in sim.log.iterations}
+    assert dict(pred.iteration_end) == ends  # exactly: same engine, segments are exact
+    assert np.array_equal(pred.peak_memory, sim.peak_memory())
+
+
+def test_fork_of_a_perturbed_replay_predicts_running_slices_from_the_cost_model() -> None:
+    sim = decode_loop(Perturbation(5, duration_cv=0.5), seconds=0.001)
+    pred = sim.fork().simulate(0.002)
+    assert sim._running
+    for s, r in sim._running.items():
+        base = COST.op_times(r.info.graph, sim.gmg.cluster.device_specs[0], sim.gmg.cluster.group_intra_link(r.group))
+        ops = slice(int(r.timing.slice_first[r.local]), int(r.timing.slice_first[r.local] + r.timing.slice_count[r.local]))
+        (i,) = np.flatnonzero(pred.slice_id == s)
+        assert pred.slice_end[i] == pytest.approx(max(r.start + base[ops].sum(), sim.now), rel=1e-9)
+        assert pred.slice_end[i] != r.end  # reality (perturbed) is not leaked into the prediction
+    same_prediction(sim.fork().simulate(0.002), sim.fork().simulate(0.002))  # and forks are deterministic
