@@ -21,6 +21,7 @@ The node -> op map is kept, so the executor runs exactly the slices the schedule
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
 import re
 from collections.abc import Mapping, Sequence
@@ -679,12 +680,15 @@ class CausalLMStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
+        # Transformers 5 renamed `past_key_values` to `cache` (argument and output field).
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def forward(self, input_ids: torch.Tensor, past_keys: tuple[torch.Tensor, ...] = (),
                 past_values: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, tuple, tuple]:
         cache = _cache_from(self.model.config, past_keys, past_values) if past_keys else None
-        out = self.model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        layers = out.past_key_values.layers
+        out = self.model(input_ids, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1)
+        layers = getattr(out, self.cache_kw).layers
         return out.logits, tuple(l.keys for l in layers), tuple(l.values for l in layers)
 
 
@@ -710,8 +714,9 @@ def flatten_exported_inputs(ep: torch.export.ExportedProgram, args: tuple, kwarg
     """The per-call placeholder values of an exported program for (args, kwargs), in order."""
     spec = ep.call_spec.in_spec
     kw = dict(kwargs or {})
-    if spec is not None and len(spec.children_specs) == 2 and spec.children_specs[1].context is not None:
-        keys = list(spec.children_specs[1].context)
+    children = list(spec.children()) if hasattr(spec, "children") else list(getattr(spec, "children_specs", ()))
+    if len(children) == 2 and children[1].context is not None:
+        keys = list(children[1].context)
         if set(keys) != set(kw):
             raise CaptureError(f"keyword arguments {sorted(kw)} differ from the exported ones {sorted(keys)}")
         kw = {k: kw[k] for k in keys}
