@@ -16,11 +16,11 @@ import time
 import numpy as np
 
 from slicesched.cost import RooflineCostModel
-from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, build_iteration
+from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, block_weight_bytes, build_iteration
 from slicesched.hardware import Cluster, Container
 from slicesched.models.spec import model_spec
 from slicesched.sched.interface import SchedulerDecision, SlicePlacement
-from slicesched.sim import Perturbation, Simulator
+from slicesched.sim import Incremental, Perturbation, Simulator
 
 TENANTS = [  # (tenant, model, devices)
     ("t0", "llama-2-7b", (0,)), ("t1", "llama-3-8b", (1,)), ("t2", "qwen2.5-7b", (2,)),
@@ -39,6 +39,8 @@ class DecodeDriver:
         conts = {t: Container(t, d) for t, _, d in TENANTS}
         self.gmg = GlobalMappingGraph(cluster, models, conts)
         self.gmg.load_home_weights()
+        for b, nb in enumerate(block_weight_bytes(models["t0"], 1)):  # t0 may borrow device 1
+            self.gmg.add_weights("t0", b, 1, float(nb))
         pert = Perturbation(seed) if perturb else None
         self.sim = Simulator(self.gmg, RooflineCostModel(), perturbation=pert)
         self.rng = np.random.default_rng(seed)
@@ -99,11 +101,44 @@ def bench_whatif(repeats: int = 200) -> tuple[float, float]:
     return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
 
 
+def bench_incremental(repeats: int = 15) -> tuple[float, float, float]:
+    """Full re-simulation over incremental for one change: the tail of t0's running iteration
+    moved onto device 1 (a borrowed device). Median of per-state medians; (speedup, full us, inc us)."""
+    ratios, fulls, incs = [], [], []
+    for seed in range(6):
+        sim, drv, place = whatif_state(seed)
+        decision = SchedulerDecision(sim.now, (place,))
+        inc = Incremental(sim, decision, 0.1)
+        key = next(k for k, t in drv.live.items() if t == "t0" and k in sim.gmg.iterations
+                   and sim.gmg.get("state", sim.gmg.iterations[k].base) > 0)
+        it = sim.gmg.iterations[key]
+        n = it.graph.num_slices
+        waiting = int((sim.gmg.get("state", np.arange(it.base, it.base + n)) <= 1).sum())
+        k = max(1, waiting // 2)  # the second half of what is left
+        change = SlicePlacement(it.base + n - k, 1, k)
+        f_t, i_t = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            inc.full(change)
+            f_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            inc.predict(change)
+            i_t.append(time.perf_counter() - t)
+        fulls.append(statistics.median(f_t))
+        incs.append(statistics.median(i_t))
+        ratios.append(fulls[-1] / incs[-1])
+    return statistics.median(ratios), statistics.median(fulls) * 1e6, statistics.median(incs) * 1e6
+
+
 def main() -> None:
     print(f"sim_op_events_per_ms: {bench_events():.0f} events/ms")
     p50, p99 = bench_whatif()
     print(f"whatif_p50_us: {p50:.0f} us")
     print(f"whatif_p99_us: {p99:.0f} us")
+    speedup, full_us, inc_us = bench_incremental()
+    print(f"incremental_speedup: {speedup:.2f} x")
+    print(f"incremental_full_us: {full_us:.0f} us")
+    print(f"incremental_us: {inc_us:.0f} us")
     sys.stdout.flush()
 
 

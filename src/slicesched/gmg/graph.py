@@ -427,13 +427,6 @@ class GlobalMappingGraph:
         }
 
 
-def gaps_by_device(dev: np.ndarray, s: np.ndarray, e: np.ndarray, t0: float, t1: float,
-                   num_devices: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Idle gaps of [t0, t1] per device given busy intervals (dev, s, e) in any order, as flat
-    (device, start, end) arrays sorted by device then start (public for the simulator)."""
-    return _gaps_by_device(dev, s, e, t0, t1, num_devices)
-
-
 def _segmented_cummax(x: np.ndarray, seg_start: np.ndarray) -> np.ndarray:
     """Running maximum restarting at each True of `seg_start`, exactly (padded 2-D accumulate)."""
     if len(x) == 0:

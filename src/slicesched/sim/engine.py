@@ -119,7 +119,8 @@ class Simulator(SegmentMixin):
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
         self._deferred: list[Event] = []
-        self._reads: dict[int, int] | None = None
+        self._reads: dict[int, int] | None = None  # slice -> stamp its mapping was first acted on
+        self._soft: dict[int, tuple] | None = None  # slice -> heap key at which a segment relies on it
         self.on_event: Callable[["Simulator"], None] | None = None
 
     def _init_outputs(self) -> None:
@@ -132,9 +133,10 @@ class Simulator(SegmentMixin):
         self._tracked = {k: it.graph.tenant for k, it in self.gmg.iterations.items()}
 
     # ==== driver API ===================================================================
-    def add_iteration(self, graph: IterationGraph) -> IterationHandle:
-        """Register an iteration in the GMG at the current time (its first slices become ready)."""
-        h = self.gmg.add_iteration(graph, now=self.now)
+    def add_iteration(self, graph: IterationGraph, home: int = -1) -> IterationHandle:
+        """Register an iteration in the GMG at the current time (its first slices become ready);
+        `home` is the group of the engine replica that formed it (see GMG.add_iteration)."""
+        h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self._tracked[h.key] = graph.tenant
         return h
 
@@ -162,6 +164,15 @@ class Simulator(SegmentMixin):
     def apply(self, decision: SchedulerDecision) -> None:
         """Evictions, then weight copies, then placements, all at `now`."""
         self._external()
+        self._apply(decision)
+
+    def apply_in_place(self, decision: SchedulerDecision) -> None:
+        """`apply` at the exact heap position of the last event (a restored checkpoint): segments
+        split there, not after every event at this instant."""
+        self._new_stamp()
+        self._apply(decision)
+
+    def _apply(self, decision: SchedulerDecision) -> None:
         ev: list[Event] = []
         for e in decision.evictions:
             self._evict(e)
@@ -740,7 +751,7 @@ class Simulator(SegmentMixin):
         f.mem = self.mem.fork(f.gmg, self.now)
         f.record = True
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
-        f._reads, f.on_event = None, None
+        f._reads, f._soft, f.on_event = None, None, None
         f._init_outputs()
         f._tracked = dict(self._tracked)
         f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)

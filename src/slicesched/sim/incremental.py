@@ -44,7 +44,7 @@ class Incremental:
         self.t1 = sim.now + horizon_s
         self.every = every
         base = sim._copy(keep_log=False, retime=sim.perturbation is not None, segments=True)
-        base._reads = {}
+        base._reads, base._soft = {}, {}
         base.form_segments()
         self._ckpts: list[tuple[int, Simulator]] = [(base._stamp, base.snapshot())]
         base.apply(decision)
@@ -59,6 +59,7 @@ class Incremental:
         base.on_event = None
         self._windows.append((base._stamp, base.mem.take_window_peak()))
         self._base = base
+        self._first_read = self._merge_reads(base)
         self.prediction = self._build(base.log, base.tail(), self._peak(None, None, None))
 
     # ---- recording -------------------------------------------------------------------------
@@ -74,6 +75,20 @@ class Incremental:
             hot = ids[(st == SliceState.READY) | ((st == SliceState.PENDING) & (left < info.npreds))]
             for x in hot.tolist():
                 base._reads.setdefault(x, first_event)
+
+    def _merge_reads(self, base: Simulator) -> dict[int, int]:
+        """Per slice, the stamp before which its mapping cannot have mattered: a real read's
+        stamp, or for a segment's read the first event after the point where per-slice events
+        would have read it (reads past the horizon do not count)."""
+        first = dict(base._reads)
+        for x, key in base._soft.items():
+            if key[0] > self.t1:
+                continue
+            i = bisect.bisect_right(self._keys, key)
+            stamp = self._stamps[i] if i < len(self._stamps) else base._stamp
+            if stamp < first.get(x, _NEVER):
+                first[x] = stamp
+        return first
 
     def _record(self, sim: Simulator) -> None:
         stamp = sim._stamp
@@ -95,7 +110,7 @@ class Incremental:
     def predict(self, change: SlicePlacement) -> Prediction:
         """The prediction with `change` applied after the decision, re-simulating only what it affects."""
         ids = change.slice_ids()
-        read = min((self._base._reads.get(x, _NEVER) for x in ids), default=_NEVER)
+        read = min((self._first_read.get(x, _NEVER) for x in ids), default=_NEVER)
         if read == _NEVER:
             return self.prediction
         c = bisect.bisect_left([s for s, _ in self._ckpts], read) - 1
@@ -105,7 +120,7 @@ class Incremental:
         run = ckpt.snapshot()
         if c == 0:  # the checkpoint before the decision itself
             run.apply(self._decision)
-        run.apply(SchedulerDecision(run.now, (change,)))
+        run.apply_in_place(SchedulerDecision(run.now, (change,)))
         return self._resume(run, stamp, ids)
 
     def _resume(self, run: Simulator, upto: int, changed: range) -> Prediction:

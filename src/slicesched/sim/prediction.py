@@ -15,7 +15,6 @@ from typing import Mapping
 
 import numpy as np
 
-from slicesched.gmg.graph import gaps_by_device
 from slicesched.hardware.cluster import Cluster
 from slicesched.sched.interface import OOMEvent
 
@@ -45,12 +44,17 @@ class RunLog:
 
     def slice_table(self) -> np.ndarray:
         """float64 [n, 4]: (slice id, group, start, end) of every recorded slice, unsorted."""
-        parts = [np.array([r[1:5] for r in self.slices], np.float64).reshape(-1, 4)]
-        for _, first, g, starts, ends, *_ in self.chains:
-            k = len(starts)
-            parts.append(np.column_stack([np.arange(first, first + k, dtype=np.float64), np.full(k, float(g)),
-                                          starts, ends]))
-        return np.concatenate(parts)
+        single = np.array([r[1:5] for r in self.slices], np.float64).reshape(-1, 4)
+        if not self.chains:
+            return single
+        counts = np.array([len(r[3]) for r in self.chains])
+        offsets = np.repeat(np.cumsum(counts) - counts, counts)
+        firsts = np.repeat(np.array([r[1] for r in self.chains], np.float64), counts)
+        chained = np.column_stack([firsts + (np.arange(counts.sum()) - offsets),
+                                   np.repeat(np.array([r[2] for r in self.chains], np.float64), counts),
+                                   np.concatenate([r[3] for r in self.chains]),
+                                   np.concatenate([r[4] for r in self.chains])])
+        return np.concatenate([single, chained])
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,29 +99,36 @@ def build_prediction(cluster: Cluster, t0: float, t1: float, live: Mapping[int, 
     tail_rows = np.array(tail, np.float64).reshape(-1, 4)
     table = np.concatenate([log.slice_table(), tail_rows])
     table = table[np.argsort(table[:, 0], kind="stable")]
-    busy = np.concatenate([np.array([r[1:] for r in log.busy], np.float64).reshape(-1, 3), tail_rows[:, 1:]])
+    busy = [r[1:] for r in log.busy] + [(g, a, b) for _, g, a, b in tail]
     ooms = tuple(sorted((o for _, o in log.ooms), key=lambda o: (o.time, o.device, o.what, o.tenant)))
     return Prediction(t0, t1, MappingProxyType(ends), MappingProxyType(tenants), _idle(cluster, busy, t0, t1),
                       _ro(np.array(peak, np.float64)), ooms, _ro(table[:, 0].astype(np.int64)),
                       _ro(table[:, 1].astype(np.int64)), _ro(table[:, 2].copy()), _ro(table[:, 3].copy()))
 
 
-def _idle(cluster: Cluster, busy: np.ndarray, t0: float, t1: float) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """Idle gaps per device from busy spans (group, start, end)."""
-    groups = busy[:, 0].astype(np.int64)
-    dev_parts, row_parts = [], []
-    for g in np.unique(groups).tolist():
-        rows = np.flatnonzero(groups == g)
-        devs = np.asarray(cluster.group(g), np.int32)
-        dev_parts.append(np.tile(devs, len(rows)))
-        row_parts.append(np.repeat(rows, len(devs)))
-    if dev_parts:
-        dev, rows = np.concatenate(dev_parts), np.concatenate(row_parts)
-    else:
-        dev, rows = np.zeros(0, np.int32), np.zeros(0, np.int64)
-    gd, gs, ge = gaps_by_device(dev, busy[rows, 1], busy[rows, 2], t0, t1, cluster.num_devices)
-    cuts = np.searchsorted(gd, np.arange(1, cluster.num_devices))
-    return tuple((_ro(s), _ro(e)) for s, e in zip(np.split(gs, cuts), np.split(ge, cuts)))
+def _idle(cluster: Cluster, busy: list[tuple[int, float, float]], t0: float,
+          t1: float) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Idle gaps of [t0, t1] per device from busy spans (group, start, end). A what-if has a few
+    dozen spans, where a plain sweep beats vectorized set arithmetic by an order of magnitude."""
+    per: list[list[tuple[float, float]]] = [[] for _ in range(cluster.num_devices)]
+    for g, a, b in busy:
+        if b > t0 and a < t1:
+            for d in cluster.group(int(g)):
+                per[d].append((max(a, t0), min(b, t1)))
+    out = []
+    for spans in per:
+        spans.sort()
+        starts, ends, cur = [], [], t0
+        for a, b in spans:
+            if a > cur:
+                starts.append(cur)
+                ends.append(a)
+            cur = max(cur, b)
+        if cur < t1:
+            starts.append(cur)
+            ends.append(t1)
+        out.append((_ro(np.array(starts)), _ro(np.array(ends))))
+    return tuple(out)
 
 
 def _ro(a: np.ndarray) -> np.ndarray:

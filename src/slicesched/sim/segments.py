@@ -87,6 +87,8 @@ class SegmentMixin:
         if seg is None:
             return plain
         self._queue[:] = [q for q in self._queue if q not in waiting]
+        if self._soft is not None:
+            self._note_soft_reads(seg)
         key = int(seg.ids[-1])
         del self._running[s]
         self._running[key] = run._replace(end=float(seg.ends[-1]), seg=seg)
@@ -124,6 +126,15 @@ class SegmentMixin:
         cut = slice(0, last + 1)
         return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1])
 
+    def _note_soft_reads(self: Any, seg: Segment) -> None:
+        """A segment relied on the mapping of each step's chain successor; per-slice events would
+        have read it when that step ended, so that is where the read is noted (as a heap key)."""
+        soft = self._soft
+        for n in range(len(seg.ids) - 1):
+            x, key = int(seg.ids[n]) + 1, (float(seg.ends[n]), 0, int(seg.ids[n]))
+            if x not in soft or key < soft[x]:
+                soft[x] = key
+
     def _prev_local(self: Any, info: "IterInfo", j: int, g: int) -> bool:
         """Does ending slice j free only things on its own group?"""
         if not info.preds[j]:
@@ -136,11 +147,7 @@ class SegmentMixin:
         ids = np.arange(info.base + j + 1, info.base + cap + 1)
         groups = self.gmg.col("group")[ids & self.gmg.mask]
         bad = np.flatnonzero(groups != g)
-        m = cap if len(bad) == 0 else j + int(bad[0])
-        if self._reads is not None:
-            for x in range(info.base + j + 1, info.base + min(m + 1, cap) + 1):
-                self._reads.setdefault(x, self._stamp)
-        return m
+        return cap if len(bad) == 0 else j + int(bad[0])
 
     def _weights_reach(self: Any, info: "IterInfo", j: int, m: int, g: int, devs: tuple[int, ...]) -> int:
         if self._wok.get((info.tenant, g)) == self._wver:
