@@ -534,6 +534,7 @@ class Run:
         self.transfers: list[TransferRecord] = []
         self.ooms: list[OOMEvent] = []
         self.errors: list[str] = []
+        self.copy_ooms: dict[tuple[int, int], OOMEvent] = {}
         self.lock = threading.Lock()
         self.left = program.num_slices
         self.finished = threading.Event()
@@ -607,9 +608,9 @@ class Run:
                     self.transfers.append(TransferRecord("activation", src, device, nbytes, slot))
             else:
                 with self.lock:
-                    self.ooms.append(oom)
+                    self.copy_ooms[(slot, device)] = oom  # reported with the slice that needed it
 
-    def _inputs(self, code: SliceCode, device: int) -> list[Any] | str:
+    def _inputs(self, code: SliceCode, device: int) -> list[Any] | tuple[str, OOMEvent | None]:
         dev, out = self.ex.devices[device], []
         for slot in code.inputs:
             st = self.slots[slot]
@@ -617,8 +618,11 @@ class Run:
             (st.copies[device][1] if remote else st.ready).wait()
             value, event = (st.copies[device][0], st.copies[device][2]) if remote else (self.vals.get((slot, device)), st.event)
             if value is None and (st.failed or remote):
-                why = "; ".join(self.errors) or "its producer or its transfer failed"
-                return f"input slot {slot} unavailable ({why})"
+                with self.lock:
+                    oom = self.copy_ooms.pop((slot, device), None)
+                why = ("its transfer would exceed the budget" if oom is not None else
+                       "; ".join(self.errors) or "its producer or its transfer failed")
+                return f"input slot {slot} unavailable ({why})", oom
             dev.wait(event)
             if remote:
                 _record_stream(value, dev.compute)
@@ -635,8 +639,8 @@ class Run:
     def _execute_slice(self, code: SliceCode, device: int, t0: float) -> None:
         dev = self.ex.devices[device]
         inputs = self._inputs(code, device)
-        if isinstance(inputs, str):
-            return self._fail(code, device, t0, inputs)
+        if isinstance(inputs, tuple):
+            return self._fail(code, device, t0, *inputs)
         transfers: list[TransferRecord] = []
         state: tuple = ()
         try:

@@ -1,0 +1,82 @@
+"""The executor behind the two-phase scheduler interface, driven through the GMG."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from slicesched.executor import (ContiguousScheduler, DeviceConfig, Executor, ExecutorBackend, RoundRobinScheduler,
+                                 build_program, drive)
+from slicesched.executor.program import state_tensors_of
+from slicesched.gmg import GlobalMappingGraph, SliceState
+from slicesched.hardware import Cluster, Container
+from slicesched.models.capture import capture_exported, flatten_exported_inputs
+from slicesched.models.spec import from_hf_config
+from slicesched.sched.interface import SchedulerDecision, WeightCopy
+
+
+def _gmg(steps, tenants=("llama",), devices=2):
+    models = {t: from_hf_config(steps[t][0].model.config.to_dict()) for t in tenants}
+    containers = {t: Container(t, (i % devices,)) for i, t in enumerate(tenants)}
+    return GlobalMappingGraph(Cluster.homogeneous("cpu", 1, devices), models, containers)
+
+
+def _submit(steps, backend, tenant, phase="prefill"):
+    step, prefill, decode, ep_prefill, ep_decode = steps[tenant]
+    args, ep = (prefill, ep_prefill) if phase == "prefill" else (decode, ep_decode)
+    captured = capture_exported(ep, tenant=tenant)
+    program = build_program(captured)
+    handle = backend.gmg.add_iteration(captured.graph, home=backend.gmg.containers[tenant].devices[0])
+    backend.submit(handle, program, [*state_tensors_of(ep), *flatten_exported_inputs(ep, args, None)])
+    return handle, step(*args)
+
+
+def test_round_robin_scheduler_drives_the_executor_to_eager_results(steps):
+    gmg = _gmg(steps)
+    backend = ExecutorBackend(Executor(2), gmg)
+    with torch.no_grad():
+        handle, ref = _submit(steps, backend, "llama")
+        outcomes = drive(RoundRobinScheduler(2), backend, [handle.key])
+    result = backend.result(handle.key)
+    assert torch.equal(result.outputs[0], ref[0])
+    groups = [c.group for o in outcomes for c in o.completed]
+    assert groups == [i % 2 for i in range(handle.num_slices)]
+    assert outcomes[-1].finished_iterations == (handle.key,)
+    assert (gmg.get("state", np.arange(handle.slice_base, handle.slice_base + handle.num_slices)) == SliceState.DONE).all()
+    assert result.report.bytes_moved() > 0
+
+
+def test_two_tenants_share_two_devices_concurrently(steps):
+    gmg = _gmg(steps, tenants=("llama", "gpt2"))
+    backend = ExecutorBackend(Executor(2), gmg)
+    with torch.no_grad():
+        a, ref_a = _submit(steps, backend, "llama", "decode")
+        b, ref_b = _submit(steps, backend, "gpt2", "decode")
+        outcomes = drive(ContiguousScheduler(2), backend, [a.key, b.key])
+    assert sorted(k for o in outcomes for k in o.finished_iterations) == [a.key, b.key]
+    assert torch.equal(backend.result(a.key).outputs[0], ref_a[0])
+    assert torch.equal(backend.result(b.key).outputs[0], ref_b[0])
+
+
+def test_budget_refusal_surfaces_as_oom_in_the_step_outcome(steps):
+    gmg = _gmg(steps)
+    backend = ExecutorBackend(Executor([DeviceConfig(), DeviceConfig(budget_bytes=2048)]), gmg)
+    with torch.no_grad():
+        handle, _ = _submit(steps, backend, "llama")
+        outcomes = drive(RoundRobinScheduler(2), backend, [handle.key])
+    ooms = [oom for o in outcomes for oom in o.ooms]
+    assert ooms and all(oom.device == 1 for oom in ooms)
+    assert handle.key in backend.failed
+    assert not any(handle.key in o.finished_iterations for o in outcomes)
+
+
+def test_weight_copy_decision_replicates_a_block(steps):
+    gmg = _gmg(steps)
+    executor = Executor(2)
+    backend = ExecutorBackend(executor, gmg)
+    handle, _ = _submit(steps, backend, "llama")
+    block = 0  # layer 0, attention half
+    outcome = backend.execute(SchedulerDecision(0.0, weight_copies=(WeightCopy("llama", block, 0, 1),)))
+    assert outcome.ooms == ()
+    assert executor.devices[1].resident > 0
+    assert gmg.resident["llama"][block, 1] == executor.devices[1].resident
