@@ -95,3 +95,12 @@ def test_shapes_recorded_on_request(llama8b):
     g = build_iteration(llama8b, BatchShape.decode(64, 10), with_shapes=True)
     qkv = int(np.flatnonzero(g.kind == OpKind.QKV_PROJ)[0])
     assert g.shapes[qkv] == ((64, 4096), (4096, 6144), (64, 6144))
+
+
+@pytest.mark.parametrize("grain", list(Grain))
+def test_builder_chain_equals_deps_derived_from_edges(llama8b, grain):
+    import dataclasses
+
+    g = build_iteration(llama8b, BatchShape.decode(4, 10), grain=grain)
+    derived = dataclasses.replace(g, slice_dep_src=None, slice_dep_dst=None).slice_deps()
+    assert all((a == b).all() for a, b in zip(g.slice_deps(), derived))

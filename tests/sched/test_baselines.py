@@ -58,6 +58,13 @@ def test_realloc_keeps_a_tenants_last_replica():
     assert r.schedule(_empty_gmg(), now=1.0).container_moves == ()
 
 
+def test_realloc_leaves_lightly_loaded_tenants_alone():
+    r = ReallocScheduler(interval_s=1.0, target_load=16)
+    r.attach(_View([ReplicaLoad("cold", (0,), 0, 0, False), ReplicaLoad("cold", (1,), 0, 0, False),
+                    ReplicaLoad("hot", (2,), 2, 8, False)]))
+    assert r.schedule(_empty_gmg(), now=1.0).container_moves == ()
+
+
 def test_realloc_waits_for_its_interval():
     r = ReallocScheduler(interval_s=10.0)
     r.attach(_View([ReplicaLoad("cold", (0,), 0, 0, False), ReplicaLoad("cold", (1,), 0, 0, False),

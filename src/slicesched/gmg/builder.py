@@ -177,9 +177,13 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
     shapes = ()
     if with_shapes:
         shapes = (embed.shape,) + tuple(r.shape for r in layer) * L + tuple(r.shape for r in head)
+    # Blocks and layers consume their predecessor's output (the residual stream), so their slices
+    # form a chain; single ops also have residual edges that skip ahead (derived from edges).
+    chain = np.arange(len(first) - 1, dtype=np.int32) if grain != Grain.OP else None
     return IterationGraph(tenant, iteration, m.name, tp, shape, grain, cols.pop("kind"), layer_ids,
                           slice_of=slice_of, edge_src=src, edge_dst=dst, slice_first=first, slice_count=count,
-                          wblock=wblock, shapes=shapes, **cols)
+                          wblock=wblock, shapes=shapes, slice_dep_src=chain,
+                          slice_dep_dst=None if chain is None else chain + 1, **cols)
 
 
 def _edges(layer: list[_Row], n: int, L: int) -> tuple[np.ndarray, np.ndarray]:

@@ -112,6 +112,9 @@ class IterationGraph:
     slice_first: np.ndarray  # int32 first op of each slice (ops of a slice are consecutive)
     slice_count: np.ndarray  # int32
     shapes: tuple[tuple[tuple[int, ...], ...], ...] = field(repr=False, default=())  # per op: (in..., out)
+    # Cross-slice dependencies when the builder knows them (a chain); else derived from edges.
+    slice_dep_src: np.ndarray | None = field(repr=False, default=None)
+    slice_dep_dst: np.ndarray | None = field(repr=False, default=None)
 
     @property
     def num_ops(self) -> int:
@@ -130,6 +133,8 @@ class IterationGraph:
 
     def slice_deps(self) -> tuple[np.ndarray, np.ndarray]:
         """Unique (src_slice, dst_slice) pairs of cross-slice edges."""
+        if self.slice_dep_src is not None and self.slice_dep_dst is not None:
+            return self.slice_dep_src, self.slice_dep_dst
         s, d = self.slice_of[self.edge_src], self.slice_of[self.edge_dst]
         keep = s != d
         pairs = np.unique(np.stack([s[keep], d[keep]], 1), axis=0) if keep.any() else np.zeros((0, 2), np.int32)

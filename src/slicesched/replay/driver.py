@@ -172,26 +172,31 @@ class ReplayDriver:
         n, i = len(reqs), 0
         horizon = (reqs[-1].arrival_s if reqs else 0.0) + self.sc.replay.drain_s
         stalls = 0
+        # Replicas that may be able to form a batch (ordered dict: deterministic launch order).
+        dirty: dict[ReplicaState, None] = dict.fromkeys(self.replicas)
         while True:
             now = self.sim.now
             while i < n and reqs[i].arrival_s <= now:
-                self._route(reqs[i])
+                rs = self._route(reqs[i])
+                if rs is not None:
+                    dirty[rs] = None
                 i += 1
-            self._activate_loaded(now)
-            self._launch_batches(now)
+            for rs in self._activate_loaded(now):
+                dirty[rs] = None
+            for rs in dirty:
+                self._launch_batches(rs, now)
+            dirty.clear()
             decision = self.scheduler.schedule(self.gmg, now)
             self._apply_moves(decision.container_moves)
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
-            if not self.inflight and i >= n and not self._activations:
-                break
-            if now >= horizon:
+            if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
             outcome = self.sim.execute(decision, until=wake)
             self.scheduler.update(outcome)
             for key in outcome.finished_iterations:
-                self._complete(key, outcome.time)
+                dirty[self._complete(key, outcome.time)] = None
             for oom in outcome.ooms:
-                self._on_oom(oom)
+                dirty.update(dict.fromkeys(self._on_oom(oom)))
             progressed = outcome.completed or outcome.finished_iterations or outcome.time > now
             stalls = 0 if progressed else stalls + 1
             if stalls > 3:
@@ -201,7 +206,7 @@ class ReplayDriver:
                 progress(self.sim.now)
         return self._result(time.perf_counter() - t_wall)
 
-    def _route(self, req: Request) -> None:
+    def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
         t = req.tenant
         gap = max(req.arrival_s - self._last_arrival[t], 1e-6)
@@ -210,38 +215,39 @@ class ReplayDriver:
         reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
         if not reps:  # every replica is moving: queue on the least loaded draining one
             reps = self.replicas_of(t)
-        target = min(reps, key=lambda rs: rs.load).engine
-        if req.prompt_tokens >= target.max_model_len:
+        target = min(reps, key=lambda rs: rs.load)
+        if req.prompt_tokens >= target.engine.max_model_len:
             self.rejected += 1  # longer than the model/KV pool allows: refused, never served
-            return
-        target.add_request(req, req.arrival_s)
+            return None
+        target.engine.add_request(req, req.arrival_s)
+        return target
 
-    def _launch_batches(self, now: float) -> None:
-        for rs in self.replicas:
-            eng = rs.engine
-            while eng.num_inflight < eng.max_inflight_batches:
-                batch = eng.next_batch(now)
-                if batch is None:
-                    break
-                self._launch(rs, batch, now)
+    def _launch_batches(self, rs: ReplicaState, now: float) -> None:
+        eng = rs.engine
+        while eng.num_inflight < eng.max_inflight_batches:
+            batch = eng.next_batch(now)
+            if batch is None:
+                break
+            self._launch(rs, batch, now)
 
     def _launch(self, rs: ReplicaState, batch: Batch, now: float) -> None:
         new, ctx, _ = batch.as_arrays()
         shape = BatchShape(new, ctx, batch.num_seqs)
         graph = build_iteration(self.models[rs.replica.tenant], shape, rs.replica.tp, self.grain,
                                 rs.replica.tenant, batch.iteration)
-        h = self.gmg.add_iteration(graph, now, home=rs.group)
+        h = self.sim.add_iteration(graph, home=rs.group)
         self.inflight[h.key] = (rs, batch)
         self.iterations += 1
         self._charge_kv(rs, now)
 
-    def _complete(self, key: int, t: float) -> None:
+    def _complete(self, key: int, t: float) -> ReplicaState:
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t)
-        self.gmg.retire(key)
+        self.sim.retire(key)
         self._charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
             self._finish_drain(rs, t)
+        return rs
 
     def _charge_kv(self, rs: ReplicaState, t: float) -> None:
         """Keep device memory in step with the KV blocks the engine holds."""
@@ -256,13 +262,14 @@ class ReplayDriver:
             self.sim.free_kv(rs.replica.devices, -delta, rs.replica.tenant)
         rs.kv_charged = used
 
-    def _on_oom(self, oom: OOMEvent) -> None:
+    def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
         """An OOM is paid for: every replica on the device preempts and recomputes its requests."""
         self.ooms.append(oom)
-        for rs in self.replicas:
-            if oom.device in rs.replica.devices:
-                rs.engine.preempt_all(oom.time)
-                self._charge_kv(rs, oom.time)
+        hit = [rs for rs in self.replicas if oom.device in rs.replica.devices]
+        for rs in hit:
+            rs.engine.preempt_all(oom.time)
+            self._charge_kv(rs, oom.time)
+        return hit
 
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
@@ -295,16 +302,20 @@ class ReplayDriver:
     def _next_activation(self) -> float:
         return min((t for t, _ in self._activations), default=math.inf)
 
-    def _activate_loaded(self, now: float) -> None:
+    def _activate_loaded(self, now: float) -> list[ReplicaState]:
+        """Replicas whose model finished loading start serving."""
         ready = [(t, r) for t, r in self._activations if t <= now]
         if not ready:
-            return
+            return []
         self._activations = [(t, r) for t, r in self._activations if t > now]
+        started = []
         for _, r in ready:
             others = [o.replica for o in self.replicas] + [r]
             pool = kv_pool_bytes(others, self.models, self.gmg.capacity_bytes,
                                  self.sc.replay.gpu_memory_utilization)[-1]
-            self.replicas.append(self._start_replica(r, pool))
+            started.append(self._start_replica(r, pool))
+            self.replicas.append(started[-1])
+        return started
 
     # ---- result -----------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
@@ -313,8 +324,8 @@ class ReplayDriver:
         log = self.gmg.busy
         dev, s, e = log.device[: log.n], log.start[: log.n], log.end[: log.n]
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
-        stats = RunStats(wall_s, self.iterations, int(getattr(self.sim, "op_events", 0)), len(self.ooms), self.moves,
+        stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
                          self.rejected)
-        timeline = self.sim.perfetto() if getattr(self.sim, "record", False) else None
+        timeline = self.sim.perfetto() if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)

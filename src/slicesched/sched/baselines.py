@@ -95,9 +95,10 @@ class ReallocScheduler(Scheduler):
 
     name = "realloc"
 
-    def __init__(self, interval_s: float = 30.0, min_gap: float = 4.0) -> None:
+    def __init__(self, interval_s: float = 30.0, min_gap: float = 4.0, target_load: float = 16.0) -> None:
         self.interval_s = interval_s
-        self.min_gap = min_gap
+        self.min_gap = min_gap  # hot pressure must exceed the donor's by this factor
+        self.target_load = target_load  # requests per replica above which a tenant wants more
         self._next = interval_s
         self._view: ServingView | None = None
 
@@ -117,14 +118,15 @@ class ReallocScheduler(Scheduler):
         return SchedulerDecision(now, home_placements(gmg), container_moves=moves)
 
     def _pick_move(self) -> ContainerMove | None:
-        """Pressure = queued + running requests per active replica."""
+        """Pressure = queued + running requests per active replica (what request-based
+        autoscalers such as Knative's concurrency target watch)."""
         reps = [r for r in self._view.replica_loads() if not r.draining]
         per: dict[str, list] = {}
         for r in reps:
             per.setdefault(r.tenant, []).append(r)
         pressure = {t: sum(x.waiting + x.running for x in rs) / len(rs) for t, rs in per.items()}
         hot = max(pressure, key=pressure.get, default=None)
-        if hot is None or not any(x.waiting for x in per[hot]):
+        if hot is None or pressure[hot] < self.target_load:
             return None
         size = len(per[hot][0].devices)
         donors = [t for t, rs in per.items() if t != hot and len(rs) > 1 and len(rs[0].devices) == size

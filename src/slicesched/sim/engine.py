@@ -90,8 +90,6 @@ class Simulator(SegmentMixin):
                  segments: bool = False, now: float = 0.0) -> None:
         if streams_per_device < 1 or stream_slowdown < 0:
             raise ValueError("streams_per_device must be >= 1 and stream_slowdown >= 0")
-        if segments and perturbation is not None:
-            raise ValueError("segments (chain fast path) are for unperturbed prediction only")
         self._sh = _Shared(gmg, cost_model)
         self.record = record
         self.gmg = gmg
@@ -116,6 +114,8 @@ class Simulator(SegmentMixin):
         self.mem = MemoryLedger(gmg, now, record)
         self._init_outputs()
         self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
+        self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
+        self._weights_seen = gmg.mem_weights.copy()
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
         self._deferred: list[Event] = []
@@ -140,31 +140,58 @@ class Simulator(SegmentMixin):
         self._tracked[h.key] = graph.tenant
         return h
 
-    def execute(self, decision: SchedulerDecision, until: float = INF) -> StepOutcome:
+    def execute(self, decision: SchedulerDecision, until: float = INF, wake: str = "slice") -> StepOutcome:
         """Apply `decision` at `now`, then run until at least one slice has completed (all events at
-        that instant included), nothing is left to run, or the clock reaches `until`."""
-        self.dissolve_segments()
-        seg, self.segments = self.segments, False
+        that instant included), nothing is left to run, or the clock reaches `until`.
+
+        `wake="iteration"` (an extension for drivers whose scheduler places whole iterations, such
+        as the baselines) runs on until an iteration finishes instead: chains then run as exact
+        segments, which is many times faster; the outcome still lists every completed slice.
+        """
+        if wake not in ("slice", "iteration"):
+            raise ValueError(f"execute: wake must be 'slice' or 'iteration', not {wake!r}")
+        self._notice_outside_changes()
+        per_slice = wake == "slice"
+        if per_slice and self._nseg:
+            self.dissolve_segments()
+        seg, self.segments = self.segments, not per_slice
         try:
             self.apply(decision)
+            if not per_slice:
+                self.form_segments()
+            done = self._done if per_slice else self._finished
             first: float | None = None
             while True:
                 t = self._next_time()
                 if t == INF or t > until or (first is not None and t > first):
                     break
                 self._process()
-                if first is None and self._done:
+                if first is None and done:
                     first = self.now
             if first is None and until < INF and self._next_time() > until:
                 self.now = max(self.now, until)
+            self.settle(self.now)  # the GMG shows the state at `now`; the chains in progress go on
+            if not per_slice:
+                self.form_segments()
         finally:
             self.segments = seg
+        self._weights_seen = self.gmg.mem_weights.copy()
         return self.take_outcome()
+
+    def _notice_outside_changes(self) -> None:
+        """A driver may load or evict weights through the GMG directly: forget cached residency
+        and re-plan segments, whose memory checks assumed the old state."""
+        if not np.array_equal(self.gmg.mem_weights, self._weights_seen):
+            self._wver += 1
+            self._weights_seen = self.gmg.mem_weights.copy()
+            if self._nseg:
+                self.dissolve_segments()
 
     def apply(self, decision: SchedulerDecision) -> None:
         """Evictions, then weight copies, then placements, all at `now`."""
         self._external()
-        self._apply(decision)
+        if decision.placements or decision.weight_copies or decision.evictions:
+            self._apply(decision)
 
     def apply_in_place(self, decision: SchedulerDecision) -> None:
         """`apply` at the exact heap position of the last event (a restored checkpoint): segments
@@ -243,6 +270,7 @@ class Simulator(SegmentMixin):
         """Forget a finished iteration in the GMG and the simulator's caches."""
         self._sh.infos.pop(key, None)
         self._sh.timing.forget(key)
+        self._tcache = {k: v for k, v in self._tcache.items() if k[0] != key} if self._tcache else {}
         self._tracked.pop(key, None)
         return self.gmg.retire(key)
 
@@ -366,7 +394,7 @@ class Simulator(SegmentMixin):
 
     def _finish_slice(self, s: int, run: Run) -> list[Event]:
         info, j, g = run.info, run.local, run.group
-        devs = self._devs(g)
+        devs = self._sh.devs[g]
         self._occupy(devs, 1)
         self._release(s, info, j, g, devs)
         succ = info.gsuccs[j]
@@ -426,14 +454,21 @@ class Simulator(SegmentMixin):
             gx = self._read_group(x)
             if gx >= 0 and gx != g:
                 ev += self._open_act(s, x, g, gx, info.out[j], info.tenant)
-        for x in newly:
-            gx = self._read_group(x)
-            if gx >= 0 and x not in self._inbound:
-                self._enqueue(x, gx, info)
+                gx = int(self.gmg.col("group")[x & self.gmg.mask])  # an OOM may have unmapped it
+            if gx >= 0 and x in newly and x not in self._inbound:
+                ev += self._enqueue(x, gx, info)
         return ev
 
-    def _enqueue(self, s: int, g: int, info: IterInfo) -> None:
+    def _enqueue(self, s: int, g: int, info: IterInfo) -> list[Event]:
+        """Queue a runnable slice; with nothing queued and its devices free, start it right away
+        (what the next dispatch would do, without the detour)."""
+        if not self._queue:
+            devs = self._devs(g)
+            free = self._free
+            if all(free[d] > 0 for d in devs):
+                return self._start(s, g, devs, info)
         bisect.insort(self._queue, (self.now, s, g, info))
+        return []
 
     def _dispatch(self) -> list[Event]:
         """Start every queued slice, in queue order, whose devices all have a free stream."""
@@ -539,7 +574,7 @@ class Simulator(SegmentMixin):
             if state[p & m] == _DONE and gp != g:
                 ev += self._open_act(p, x, gp, g, info.out[pl], info.tenant)
         if group[x & m] == g and state[x & m] == _READY and x not in self._inbound:
-            self._enqueue(x, g, info)
+            bisect.insort(self._queue, (self.now, x, g, info))  # dispatched at the end of apply
         return ev
 
     def _unplace(self, x: int) -> list[Event]:
@@ -550,7 +585,7 @@ class Simulator(SegmentMixin):
         for pl in info.preds[j]:
             key = (FLOW_ACT, info.base + pl, x)
             if key in self.net.flows:
-                flow, more = self.net.close(key, self.now)
+                flow, more = self._close_flow(key)
                 self._free_mem(flow.dst, flow.nbytes, XFER)
                 ev += more
         for bdevs, nbytes in self._inbound.pop(x, (0, ()))[1]:
@@ -575,10 +610,23 @@ class Simulator(SegmentMixin):
             return self._unplace(x)
         pend, got = self._inbound.get(x, (0, ()))
         self._inbound[x] = (pend + 1, got)
-        return self.net.open(Flow((FLOW_ACT, p, x), nbytes, lat, res, need, self.now, src=src), self.now)
+        return self._open_flow(Flow((FLOW_ACT, p, x), nbytes, lat, res, need, self.now, src=src))
+
+    def _open_flow(self, flow: Flow) -> list[Event]:
+        self._touch_flow(flow)
+        return self.net.open(flow, self.now)
+
+    def _close_flow(self, key: FlowKey) -> tuple[Flow, list[Event]]:
+        self._touch_flow(self.net.flows[key])
+        return self.net.close(key, self.now)
+
+    def _touch_flow(self, flow: Flow) -> None:
+        """Flows in flight slow co-located work under interference: a change splits segments there."""
+        if self._nseg and self.perturbation is not None and self.perturbation.interference:
+            self._touch(tuple(d for d in flow.src + flow.dst if d >= 0))
 
     def _on_xfer_end(self, key: FlowKey) -> list[Event]:
-        flow, ev = self.net.close(key, self.now)
+        flow, ev = self._close_flow(key)
         if self.record:
             self.log.flows.append((self._stamp, key, flow.src, flow.dst, flow.start, self.now, flow.nbytes))
         if key[0] == FLOW_ACT:
@@ -593,7 +641,7 @@ class Simulator(SegmentMixin):
         pend, got = self._inbound[x]
         self._inbound[x] = (pend - 1, got + ((flow.dst, flow.nbytes),))
         if pend == 1 and int(self.gmg.get("state", x)) == _READY:
-            self._enqueue(x, int(self.gmg.get("group", x)), self._info_of(x)[0])
+            bisect.insort(self._queue, (self.now, x, int(self.gmg.get("group", x)), self._info_of(x)[0]))
 
     # ==== weights ======================================================================
     def _weights_ready(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> bool:
@@ -636,7 +684,7 @@ class Simulator(SegmentMixin):
             return []
         src = (c.src_device,)
         lat_res, lat = self._sh.paths.between(src, (c.dst_device,))
-        return self.net.open(Flow(key, nbytes, lat, lat_res, (c.dst_device,), self.now, src=src), self.now)
+        return self._open_flow(Flow(key, nbytes, lat, lat_res, (c.dst_device,), self.now, src=src))
 
     def _home_bytes(self, tenant: str) -> np.ndarray:
         hb = self._sh.home_bytes.get(tenant)
@@ -658,7 +706,7 @@ class Simulator(SegmentMixin):
             self._wver += 1
         for s in self._wwait.pop((tenant, block, d), ()):
             if int(self.gmg.get("state", s)) == _READY and self.gmg.get("group", s) >= 0:
-                self._enqueue(s, int(self.gmg.get("group", s)), self._info_of(s)[0])
+                bisect.insort(self._queue, (self.now, s, int(self.gmg.get("group", s)), self._info_of(s)[0]))
 
     def _evict(self, e: WeightEviction) -> None:
         self._touch((e.device,))
@@ -711,6 +759,12 @@ class Simulator(SegmentMixin):
         return int(self.gmg.col("group")[x & self.gmg.mask])
 
     def _timing(self, info: IterInfo, g: int) -> SliceTiming:
+        t = self._tcache.get((info.key, g))
+        if t is None:
+            t = self._tcache[(info.key, g)] = self._timing_uncached(info, g)
+        return t
+
+    def _timing_uncached(self, info: IterInfo, g: int) -> SliceTiming:
         base = self._sh.timing.get(info.key, info.graph, info.model, g)
         p = self.perturbation
         if p is None:
@@ -751,6 +805,8 @@ class Simulator(SegmentMixin):
         f.mem = self.mem.fork(f.gmg, self.now)
         f.record = True
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
+        f._tcache = {}
+        f._weights_seen = f.gmg.mem_weights.copy()
         f._reads, f._soft, f.on_event = None, None, None
         f._init_outputs()
         f._tracked = dict(self._tracked)
