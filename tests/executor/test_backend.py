@@ -68,6 +68,8 @@ def test_budget_refusal_surfaces_as_oom_in_the_step_outcome(steps):
     assert ooms and all(oom.device == 1 for oom in ooms)
     assert handle.key in backend.failed
     assert not any(handle.key in o.finished_iterations for o in outcomes)
+    assert backend.result(handle.key).outputs is None
+    assert [d.live for d in backend.executor.devices] == [0.0, 0.0]  # nothing left held
 
 
 def test_weight_copy_decision_replicates_a_block(steps):

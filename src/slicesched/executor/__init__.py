@@ -15,8 +15,11 @@ from slicesched.executor.compile_backend import (CompileOptions, ExportedCallabl
                                                  compile_exported, slicesched_backend)
 from slicesched.executor.placement import ContiguousScheduler, RoundRobinScheduler, contiguous, round_robin
 from slicesched.executor.program import SliceCode, SlicedProgram, build_program, state_tensors_of
-from slicesched.executor.runtime import (DeviceConfig, ExecutionFailed, Executor, Run, RunReport, RunResult,
-                                         SliceError, SliceRecord, TransferRecord)
+from slicesched.executor.devices import DeviceConfig
+from slicesched.executor.report import (ExecutionFailed, RunReport, RunResult, SliceError, SliceRecord,
+                                        TransferRecord)
+from slicesched.executor.run import Run
+from slicesched.executor.runtime import Executor
 
 __all__ = [
     "ExecutorBackend", "drive", "CompileOptions", "ExportedCallable", "SlicedCallable", "compile_exported",

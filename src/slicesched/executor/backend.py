@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from slicesched.executor.program import SlicedProgram
-from slicesched.executor.runtime import Executor, Run, RunResult, SliceRecord
+from slicesched.executor.report import RunResult, SliceRecord
+from slicesched.executor.run import Run
+from slicesched.executor.runtime import Executor
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
 from slicesched.models.capture import value_bytes
 from slicesched.sched.interface import (OOMEvent, Scheduler, SchedulerDecision, SliceCompletion,
@@ -34,6 +36,7 @@ class _Live:
     program: SlicedProgram
     run: Run
     failed: bool = False
+    in_flight: int = 0
 
 
 class ExecutorBackend:
@@ -109,7 +112,8 @@ class ExecutorBackend:
             device = self._device(p.group)
             self.gmg.map(p.first_slice, p.group, p.num_slices)
             for sid in p.slice_ids():
-                self._pending[sid] = device
+                if sid in self._slice and self._slice[sid][0] not in self.failed:  # a failed iteration runs nothing more
+                    self._pending[sid] = device
         self._flush()
         completed, finished, more = self._collect(block=self._in_flight > 0)
         return StepOutcome(self.now(), completed, finished, tuple(ooms) + more)
@@ -130,6 +134,7 @@ class ExecutorBackend:
                 live = self._live[key]
                 if all(live.run.placed[p] >= 0 for p in live.program.slices[local].producers):
                     live.run.place(local, self._pending.pop(sid))
+                    live.in_flight += 1
                     self._in_flight += 1
                     progress = True
 
@@ -146,12 +151,16 @@ class ExecutorBackend:
         for key, rec, oom in sorted(events, key=lambda e: e[1].end):
             self._in_flight -= 1
             live = self._live[key]
+            live.in_flight -= 1
             sid = live.handle.slice_base + rec.slice
             if oom is not None:
                 ooms.append(oom)
             if not rec.ok:
                 live.failed = True
                 self.failed.add(key)
+            if live.failed:
+                if live.in_flight == 0:
+                    self._finish(key)  # frees what it still held; its result has no outputs
                 continue
             start, end = rec.start - self.t0, rec.end - self.t0
             self.gmg.start(sid, start)
@@ -168,6 +177,7 @@ class ExecutorBackend:
         live.run.release_all()
         for local in range(live.handle.num_slices):
             self._slice.pop(live.handle.slice_base + local, None)
+            self._pending.pop(live.handle.slice_base + local, None)
 
 
 def drive(scheduler: Scheduler, backend: ExecutorBackend, keys: Iterable[int], max_steps: int = 100_000

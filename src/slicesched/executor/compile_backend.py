@@ -11,7 +11,8 @@ the executor. Options (all optional):
 
 `devices` is a count of CPU devices or a list of `DeviceConfig`; `placement` is one of
 `single`, `round_robin`, `contiguous`, or a list of device indices, one per slice; `executor`
-reuses an existing `Executor` (e.g. to read its devices' peaks after a run).
+reuses an existing `Executor` (e.g. to read `executor.history`, the reports of its latest runs,
+or its devices' memory peaks).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch.fx as fx
 
 from slicesched.executor.placement import PLACEMENTS
 from slicesched.executor.program import SlicedProgram, build_program, state_tensors_of
-from slicesched.executor.runtime import DeviceConfig, ExecutionFailed, Executor, RunReport
+from slicesched.executor.devices import DeviceConfig
+from slicesched.executor.report import ExecutionFailed, RunReport
+from slicesched.executor.runtime import Executor
 from slicesched.gmg.ops import Grain
 from slicesched.models.capture import CaptureError, GraphInputs, analyse, capture_exported, flatten_exported_inputs
 
@@ -85,10 +88,6 @@ class SlicedCallable:
         return res.outputs
 
 
-#: Compiled graphs of the latest `torch.compile` calls, newest last (for tests and reports).
-COMPILED: list[SlicedCallable] = []
-
-
 def _input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
     """'weight' | 'state' | 'user' per dynamo placeholder: parameters are the real
     `nn.Parameter`s dynamo passes; buffers show in the placeholder names dynamo gives them."""
@@ -124,10 +123,7 @@ def slicesched_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
 
     def fw_compiler(fw: fx.GraphModule, _fake: Sequence[Any]) -> Callable[..., Any]:
         captured = analyse(fw, _graph_inputs(fw, kinds), grain=opts.grain, model=type(gm).__name__)
-        compiled = SlicedCallable(build_program(captured), opts)
-        COMPILED.append(compiled)
-        del COMPILED[:-8]
-        return make_boxed_func(compiled)
+        return make_boxed_func(SlicedCallable(build_program(captured), opts))
 
     def bw_compiler(bw: fx.GraphModule, _fake: Sequence[Any]) -> Callable[..., Any]:
         return make_boxed_func(bw.forward)  # training is not sliced: backward runs as one graph

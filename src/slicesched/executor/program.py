@@ -95,7 +95,7 @@ class SlicedProgram:
 
 def build_program(captured: CapturedGraph) -> SlicedProgram:
     """Partition `captured.gm` by `captured.graph.slice_of` and compile each slice."""
-    gm, g = captured.gm, captured.graph
+    gm = captured.gm
     # Constants the graph reads by attribute (AOTAutograd keeps small ones) are appended to
     # the inputs as resident state, so slices see every external value as an argument.
     consts = [n for n in gm.graph.nodes if n.op == "get_attr"]
