@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from slicesched.gmg import BatchShape, Grain, OpKind, build_iteration
-from slicesched.models.capture import CaptureError, capture, capture_step
+from slicesched.models.capture import CaptureError, capture, capture_compiled, capture_step
 from slicesched.models.spec import from_hf_config
 
 transformers = pytest.importorskip("transformers")
@@ -151,3 +151,22 @@ def test_plain_module_captures_with_explicit_shape():
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
     cg = capture(net, (torch.randn(3, 8),), shape=BatchShape.prefill(3))
     assert cg.graph.flops.sum() == pytest.approx(2 * 3 * 8 * 16 * 2 + 8 * 3 * 16)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_dynamo_capture_with_a_dynamic_cache_matches_analytic(phase):
+    """torch.compile's view (dynamo + AOTAutograd) takes the HF cache object as it is."""
+    model = _model("llama")
+    spec = from_hf_config(model.config.to_dict()).with_dtype(4)
+    ids = torch.randint(0, 256, (2, 9))
+    kwargs = {"use_cache": True, "logits_to_keep": 1}
+    if phase == "decode":
+        with torch.no_grad():
+            kwargs["cache"] = model(ids, use_cache=True).cache
+        ids = ids[:, :1]
+    cg = capture_compiled(model, (ids,), kwargs)
+    analytic = build_iteration(spec, cg.graph.shape)
+    assert cg.graph.shape.context_lens.tolist() == ([0, 0] if phase == "prefill" else [9, 9])
+    assert _within(cg.per_layer_flops(), analytic.per_layer(analytic.flops), 0.02)
+    assert _within(cg.per_layer_weight_bytes(), analytic.per_layer(analytic.weight_bytes), 0.02)
+    assert cg.graph.kind.tolist() == [k for k in analytic.kind.tolist() if k != OpKind.SAMPLE]

@@ -13,6 +13,7 @@ completions through a queue that `execute` drains, so the GMG needs no locks.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ class ExecutorBackend:
             live.in_flight -= 1
             sid = live.handle.slice_base + rec.slice
             if oom is not None:
-                ooms.append(oom)
+                ooms.append(dataclasses.replace(oom, time=oom.time - self.t0))
             if not rec.ok:
                 live.failed = True
                 self.failed.add(key)

@@ -30,7 +30,8 @@ from slicesched.executor.devices import DeviceConfig
 from slicesched.executor.report import ExecutionFailed, RunReport
 from slicesched.executor.runtime import Executor
 from slicesched.gmg.ops import Grain
-from slicesched.models.capture import CaptureError, GraphInputs, analyse, capture_exported, flatten_exported_inputs
+from slicesched.models.capture import (CaptureError, aot_graph_inputs, analyse, capture_exported,
+                                       dynamo_input_kinds, flatten_exported_inputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,30 +89,6 @@ class SlicedCallable:
         return res.outputs
 
 
-def _input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
-    """'weight' | 'state' | 'user' per dynamo placeholder: parameters are the real
-    `nn.Parameter`s dynamo passes; buffers show in the placeholder names dynamo gives them."""
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    kinds = []
-    for name, x in zip(names, example_inputs):
-        if isinstance(x, torch.nn.Parameter) or "_parameters_" in name:
-            kinds.append("weight")
-        elif "_buffers_" in name:
-            kinds.append("state")
-        else:
-            kinds.append("user")
-    return kinds
-
-
-def _graph_inputs(fw: fx.GraphModule, kinds: Sequence[str]) -> GraphInputs:
-    ph = [n.name for n in fw.graph.nodes if n.op == "placeholder"]
-    if len(ph) != len(kinds):  # AOT added inputs (e.g. effect tokens): treat all as per-call
-        kinds = ["user"] * len(ph)
-    weights = {n: n for n, k in zip(ph, kinds) if k == "weight"}
-    state = {n: n for n, k in zip(ph, kinds) if k == "state"}
-    return GraphInputs(weights, state, tuple(n for n, k in zip(ph, kinds) if k == "user"))
-
-
 def slicesched_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
                        options: Mapping[str, Any] | None = None, **_: Any) -> Callable[..., Any]:
     """The dynamo backend: AOTAutograd to ATen, then slice, compile and run on the executor."""
@@ -119,10 +96,10 @@ def slicesched_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
     from torch._dynamo.backends.common import aot_autograd
 
     opts = CompileOptions.parse(options)
-    kinds = _input_kinds(gm, example_inputs)
+    kinds = dynamo_input_kinds(gm, example_inputs)
 
     def fw_compiler(fw: fx.GraphModule, _fake: Sequence[Any]) -> Callable[..., Any]:
-        captured = analyse(fw, _graph_inputs(fw, kinds), grain=opts.grain, model=type(gm).__name__)
+        captured = analyse(fw, aot_graph_inputs(fw, kinds), grain=opts.grain)
         return make_boxed_func(SlicedCallable(build_program(captured), opts))
 
     def bw_compiler(bw: fx.GraphModule, _fake: Sequence[Any]) -> Callable[..., Any]:

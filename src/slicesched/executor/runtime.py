@@ -126,6 +126,8 @@ class Executor:
             # Keep requires_grad: ATen picks GEMM paths by it (matmul folding), so a replica
             # without it would give different bits than the home copy.
             copy = t.detach().to(dev.torch_device, copy=True).requires_grad_(t.requires_grad)
+        if dev.cuda:  # a one-off per weight: simplest to finish it before any kernel reads it
+            dev.copy_stream.synchronize()
         dev.replicas[id(t)] = (t, copy)
         return copy, nbytes
 
@@ -206,6 +208,8 @@ class Executor:
         transfers: list[TransferRecord] = []
         slot_bytes, clock, cap = program.slot_bytes, self.clock, dev.cfg.budget_bytes
         live = 0
+        if dev.cuda:  # inputs were made on the caller's stream
+            dev.compute.wait_stream(torch.cuda.current_stream(dev.torch_device))
         with dev.stream_ctx():
             for code in program.slices:
                 t0 = clock()
@@ -232,6 +236,8 @@ class Executor:
                     live -= slot_bytes[slot]
                 times.append(t0)
         end = clock()
+        if dev.cuda:  # outputs are used on the caller's stream
+            torch.cuda.current_stream(dev.torch_device).wait_stream(dev.compute)
         dev.peak = max(dev.peak, dev.used + live)
         outputs = [_output(o, vals, args) for o in program.outputs]
         report = RunReport(records_from(times, end, device), tuple(transfers))

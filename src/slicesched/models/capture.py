@@ -634,7 +634,7 @@ def export_module(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
         raise _explain(e) from e
 
 
-def _explain(e: Exception) -> CaptureError:
+def _explain(e: Exception, tool: str = "torch.export") -> CaptureError:
     text = str(e)
     loc = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', text)
     user = [l for l in loc if "site-packages/torch" not in l[0]]
@@ -645,7 +645,7 @@ def _explain(e: Exception) -> CaptureError:
             "out of forward)" if data_dep else type(e).__name__)
     detail = expr.group(1).strip()[:120] if expr else text.strip().splitlines()[0][:200] if text.strip() else ""
     op = re.search(r"aten\.[\w.]+", text)
-    return CaptureError(f"torch.export cannot capture this module: {kind}: {detail}", node=where,
+    return CaptureError(f"{tool} cannot capture this module: {kind}: {detail}", node=where,
                         op=op.group(0) if op else None)
 
 
@@ -724,3 +724,61 @@ def flatten_exported_inputs(ep: torch.export.ExportedProgram, args: tuple, kwarg
     if spec is not None and got != spec:
         raise CaptureError(f"inputs do not match the exported structure {spec}")
     return flat
+
+
+# ---- capture through dynamo (what torch.compile sees) ---------------------------------------
+
+def dynamo_input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
+    """'weight' | 'state' | 'user' per dynamo placeholder: parameters are the real
+    `nn.Parameter`s dynamo passes; buffers show in the placeholder names dynamo gives them."""
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    kinds = []
+    for name, x in zip(names, example_inputs):
+        if isinstance(x, torch.nn.Parameter) or "_parameters_" in name:
+            kinds.append("weight")
+        elif "_buffers_" in name:
+            kinds.append("state")
+        else:
+            kinds.append("user")
+    return kinds
+
+
+def aot_graph_inputs(fw: fx.GraphModule, kinds: Sequence[str]) -> GraphInputs:
+    ph = [n.name for n in fw.graph.nodes if n.op == "placeholder"]
+    if len(ph) != len(kinds):  # AOT added inputs (e.g. effect tokens): treat all as per-call
+        kinds = ["user"] * len(ph)
+    weights = {n: n for n, k in zip(ph, kinds) if k == "weight"}
+    state = {n: n for n, k in zip(ph, kinds) if k == "state"}
+    return GraphInputs(weights, state, tuple(n for n, k in zip(ph, kinds) if k == "user"))
+
+
+def capture_compiled(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
+                     grain: Grain = Grain.BLOCK, tenant: str = "", iteration: int = 0) -> CapturedGraph:
+    """Capture what `torch.compile(model, fullgraph=True)` sees: dynamo, then AOTAutograd to ATen.
+
+    Unlike `torch.export`, dynamo accepts cache objects (a `DynamicCache`) as inputs, so a decode
+    step needs no wrapper. Runs the model once (eagerly, through the captured graph).
+    """
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    got: list[CapturedGraph] = []
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        kinds = dynamo_input_kinds(gm, example_inputs)
+
+        def fw(fw_gm: fx.GraphModule, _fake: Sequence[Any]) -> Any:
+            got.append(analyse(fw_gm, aot_graph_inputs(fw_gm, kinds), grain=grain, tenant=tenant,
+                               iteration=iteration, model=_model_name(model)))
+            return make_boxed_func(fw_gm.forward)
+
+        return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(*args, **dict(kwargs or {}))
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise _explain(e, "torch.compile(fullgraph=True)") from e
+    return got[-1]
