@@ -42,7 +42,7 @@ class DecodeDriver:
         for b, nb in enumerate(block_weight_bytes(models["t0"], 1)):  # t0 may borrow device 1
             self.gmg.add_weights("t0", b, 1, float(nb))
         pert = Perturbation(seed) if perturb else None
-        self.sim = Simulator(self.gmg, RooflineCostModel(), perturbation=pert)
+        self.sim = Simulator(self.gmg, RooflineCostModel(), perturbation=pert, record=False)
         self.rng = np.random.default_rng(seed)
         self.grain = grain
         self.group = {t: cluster.group_id(d) for t, _, d in TENANTS}
@@ -60,12 +60,12 @@ class DecodeDriver:
         self.live[h.key] = tenant
         return SlicePlacement(h.slice_base, self.group[tenant], h.num_slices)
 
-    def run(self, seconds: float) -> tuple[int, float]:
+    def run(self, seconds: float, wake: str = "slice") -> tuple[int, float]:
         """Drive for `seconds` of simulated time; (op events, wall seconds)."""
         placements = [self.new_iteration(t) for t, _, _ in TENANTS]
         ev0, w0 = self.sim.op_events, time.perf_counter()
         while self.sim.now < seconds:
-            out = self.sim.execute(SchedulerDecision(self.sim.now, tuple(placements)))
+            out = self.sim.execute(SchedulerDecision(self.sim.now, tuple(placements)), wake=wake)
             placements = []
             for key in out.finished_iterations:
                 self.sim.retire(key)
@@ -73,9 +73,9 @@ class DecodeDriver:
         return self.sim.op_events - ev0, time.perf_counter() - w0
 
 
-def bench_events(seconds: float = 3.0) -> float:
+def bench_events(seconds: float = 3.0, wake: str = "slice", grain: Grain = Grain.BLOCK) -> float:
     gc.collect()
-    ops, wall = DecodeDriver(grain=Grain.BLOCK).run(seconds)
+    ops, wall = DecodeDriver(grain=grain).run(seconds, wake)
     return ops / (wall * 1e3)
 
 

@@ -13,7 +13,7 @@ TENANTS = {"a": (tiny("ma", layers=2), (0,)), "b": (tiny("mb", layers=3, hidden=
            "c": (tiny("mc", layers=1), (3,))}
 
 
-def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0) -> Simulator:
+def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0, wake: str = "slice") -> Simulator:
     """Each tenant decodes continuously: a new iteration whenever its previous one finishes."""
     gmg = world(TENANTS, per_node=4, everywhere=True)
     sim = Simulator(gmg, COST, perturbation=pert)
@@ -30,7 +30,7 @@ def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0
 
     place = [new(t) for t in TENANTS]
     while sim.now < seconds:
-        out = sim.execute(SchedulerDecision(sim.now, tuple(place)))
+        out = sim.execute(SchedulerDecision(sim.now, tuple(place)), wake=wake)
         place = [new(live.pop(k)) for k in out.finished_iterations]
     return sim
 
@@ -41,6 +41,17 @@ def timeline(sim: Simulator) -> list[tuple]:
 
 def test_same_seed_gives_identical_timelines() -> None:
     assert timeline(decode_loop(Perturbation(7))) == timeline(decode_loop(Perturbation(7)))
+
+
+def test_waking_per_iteration_replays_exactly_what_waking_per_slice_does() -> None:
+    pert = Perturbation(2, duration_cv=0.2, interference=0.3)
+    per_slice, per_iter = decode_loop(pert), decode_loop(pert, wake="iteration")
+    stop = min(per_slice.now, per_iter.now)  # the loops stop at different points past `seconds`
+    a, b = (t[t[:, 3] <= stop] for t in (per_slice.log.slice_table(), per_iter.log.slice_table()))
+    assert len(a) > 300
+    np.testing.assert_array_equal(a[np.argsort(a[:, 0])], b[np.argsort(b[:, 0])])
+    ends = [[r[1:] for r in s.log.iterations if r[2] <= stop] for s in (per_slice, per_iter)]
+    assert ends[0] == ends[1]
 
 
 def test_different_seeds_differ() -> None:

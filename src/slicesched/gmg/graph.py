@@ -82,6 +82,14 @@ class _IntervalLog:
     def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
         """Append intervals (s, e) for each of `devices` (a chain of slices reported at once)."""
         n, m = self.n, len(s)
+        if len(devices) == 1 and n + m <= len(self.start):  # the common case: plain slices
+            prev = self.end_max[n - 1] if n else -np.inf
+            self.device[n: n + m] = devices[0]
+            self.start[n: n + m], self.end[n: n + m] = s, e
+            np.maximum.accumulate(e, out=self.end_max[n: n + m])
+            np.maximum(self.end_max[n: n + m], prev, out=self.end_max[n: n + m])
+            self.n = n + m
+            return
         k = m * len(devices)
         if n + k > len(self.start):
             size = max(2 * len(self.start), n + k)
@@ -322,11 +330,15 @@ class GlobalMappingGraph:
         k = len(starts)
         if k > 1:
             c, m = self._cols, self._mask
-            ids = np.arange(first, first + k - 1) & m
+            lo = first & m
+            if lo + k <= m + 1:  # no wrap around the ring: plain slices beat index arrays
+                ids, nxt = slice(lo, lo + k - 1), slice(lo + 1, lo + k)
+            else:
+                ids = np.arange(first, first + k - 1) & m
+                nxt = (ids + 1) & m
             c["state"][ids] = SliceState.DONE
             c["start_t"][ids] = starts[:-1]
             c["end_t"][ids] = ends[:-1]
-            nxt = (ids + 1) & m
             c["preds_left"][nxt] = 0
             c["ready_t"][nxt] = ends[:-1]
             self.busy.extend(devices, starts[:-1], ends[:-1])

@@ -170,9 +170,7 @@ class Simulator(SegmentMixin):
                     first = self.now
             if first is None and until < INF and self._next_time() > until:
                 self.now = max(self.now, until)
-            self.settle(self.now)  # the GMG shows the state at `now`; the chains in progress go on
-            if not per_slice:
-                self.form_segments()
+            self.sync_segments()  # the GMG shows the state at `now`; the segments go on
         finally:
             self.segments = seg
         self._weights_seen = self.gmg.mem_weights.copy()
@@ -456,19 +454,10 @@ class Simulator(SegmentMixin):
                 ev += self._open_act(s, x, g, gx, info.out[j], info.tenant)
                 gx = int(self.gmg.col("group")[x & self.gmg.mask])  # an OOM may have unmapped it
             if gx >= 0 and x in newly and x not in self._inbound:
-                ev += self._enqueue(x, gx, info)
+                # queued, not started here: it starts in the dispatch that ends this event, after
+                # every transfer this event opens (interference counts them)
+                bisect.insort(self._queue, (self.now, x, gx, info))
         return ev
-
-    def _enqueue(self, s: int, g: int, info: IterInfo) -> list[Event]:
-        """Queue a runnable slice; with nothing queued and its devices free, start it right away
-        (what the next dispatch would do, without the detour)."""
-        if not self._queue:
-            devs = self._devs(g)
-            free = self._free
-            if all(free[d] > 0 for d in devs):
-                return self._start(s, g, devs, info)
-        bisect.insort(self._queue, (self.now, s, g, info))
-        return []
 
     def _dispatch(self) -> list[Event]:
         """Start every queued slice, in queue order, whose devices all have a free stream."""

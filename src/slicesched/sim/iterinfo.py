@@ -40,9 +40,34 @@ class IterInfo:
     step_alloc: np.ndarray  # [n] bytes allocated when slice j starts: intermediates + output
 
 
-def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
-    it = gmg.iterations[key]
-    g = it.graph
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """The part of an IterInfo that depends only on the graph's structure, shared by every
+    iteration with the same edges (a tenant's iterations differ in sizes, not in structure)."""
+
+    preds: tuple[tuple[int, ...], ...]
+    succs: tuple[tuple[int, ...], ...]
+    chain: list[bool]
+    chain_end: list[int]
+    npreds: np.ndarray
+    has_pred: np.ndarray
+    nops_prefix: list[int]
+
+
+_SHAPES: dict[bytes, _Shape] = {}
+
+
+def _shape(g: IterationGraph) -> _Shape:
+    key = g.edge_src.tobytes() + b"|" + g.edge_dst.tobytes() + b"|" + g.slice_of.tobytes()
+    sh = _SHAPES.get(key)
+    if sh is None:
+        if len(_SHAPES) > 256:
+            _SHAPES.clear()
+        sh = _SHAPES[key] = _build_shape(g)
+    return sh
+
+
+def _build_shape(g: IterationGraph) -> _Shape:
     n = g.num_slices
     src, dst = g.slice_deps()
     preds: list[list[int]] = [[] for _ in range(n)]
@@ -50,22 +75,28 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     for a, b in zip(src.tolist(), dst.tolist()):
         preds[b].append(a)
         succs[a].append(b)
-    last = g.slice_first + g.slice_count - 1
-    inner = g.out_bytes.copy()
-    inner[last] = 0.0  # the output is counted on its own
-    inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
-    out = g.out_bytes[last]
     chain = [len(succs[j]) == 1 and succs[j][0] == j + 1 and preds[j + 1] == [j] for j in range(n - 1)] + [False]
     chain_end = list(range(n))
     for j in range(n - 2, -1, -1):
         if chain[j]:
             chain_end[j] = chain_end[j + 1]
-    return IterInfo(key, it.base, n, g.tenant, gmg.models[g.tenant], g, tuple(map(tuple, preds)),
-                    tuple(map(tuple, succs)), out.tolist(), inter.tolist(),
-                    np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
-                    np.maximum.reduceat(g.wblock, g.slice_first).tolist(), chain, g.slice_count.tolist(), chain_end,
-                    tuple(tuple(it.base + x for x in xs) for xs in succs),
-                    np.array([len(p) for p in preds], np.int32),
-                    [0] + np.cumsum(g.slice_count).tolist(),
-                    inter + np.where(np.array([len(p) > 0 for p in preds]), np.concatenate([[0.0], out[:-1]]), 0.0),
-                    inter + out)
+    npreds = np.array([len(p) for p in preds], np.int32)
+    return _Shape(tuple(map(tuple, preds)), tuple(map(tuple, succs)), chain, chain_end, npreds, npreds > 0,
+                  [0] + np.cumsum(g.slice_count).tolist())
+
+
+def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
+    it = gmg.iterations[key]
+    g = it.graph
+    sh = _shape(g)
+    last = g.slice_first + g.slice_count - 1
+    inner = g.out_bytes.copy()
+    inner[last] = 0.0  # the output is counted on its own
+    inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
+    out = g.out_bytes[last]
+    base = it.base
+    return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
+                    inter.tolist(), np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
+                    np.maximum.reduceat(g.wblock, g.slice_first).tolist(), sh.chain, g.slice_count.tolist(),
+                    sh.chain_end, tuple(tuple(base + x for x in xs) for xs in sh.succs), sh.npreds, sh.nops_prefix,
+                    inter + np.where(sh.has_pred, np.concatenate([[0.0], out[:-1]]), 0.0), inter + out)

@@ -75,6 +75,19 @@ class MemoryLedger:
     def try_alloc(self, devices: Sequence[int], nbytes: float, cat: int, now: float, tenant: str) -> OOMEvent | None:
         """Allocate `nbytes` on every device, or on none and say which device would overflow."""
         cap = self.cap
+        if len(devices) == 1:  # the common case, without a second read of what is in use
+            d = devices[0]
+            u = self.used(d)
+            if u + nbytes > cap[d]:
+                return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
+            if nbytes:
+                self.arrays[cat][d] += nbytes
+                u += nbytes
+                if u > self.peak_seen[d]:
+                    self.peak_seen[d] = u
+                if self.record:
+                    self.log.append((self.stamp, now, d, cat, nbytes, u))
+            return None
         for d in devices:
             u = self.used(d)
             if u + nbytes > cap[d]:
@@ -128,6 +141,15 @@ class MemoryLedger:
         peak = self.peak_seen
         self.peak_seen = [self.used(d) for d in range(len(self.cap))]
         return peak
+
+    def shift(self, devices: Sequence[int], total: float, top: float, cat: int) -> None:
+        """`bulk` without log rows: every device changes by `total`, peaking `top` above its start."""
+        arr, peak = self.arrays[cat], self.peak_seen
+        for d in devices:
+            u = self.used(d)
+            arr[d] += total
+            if u + top > peak[d]:
+                peak[d] = u + top
 
     # ---- queries -----------------------------------------------------------------------
     def rows(self) -> np.ndarray:

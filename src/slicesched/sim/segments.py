@@ -61,6 +61,14 @@ class Segment:
     ends: np.ndarray  # [N+1]
     free: np.ndarray  # [N] bytes freed per device when steps 0..N-1 end
     alloc: np.ndarray  # [N] bytes allocated per device when steps 1..N start
+    traj: np.ndarray  # [2N] bytes in use relative to the start, after each free and alloc in turn
+    top: np.ndarray  # [2N] running maximum of traj
+
+    def rest(self, c: int, chains: tuple[Chain, ...]) -> "Segment":
+        """The segment from step c on (steps before it written out)."""
+        traj = self.traj[2 * c:] - self.traj[2 * c - 1]
+        return Segment(self.group, chains, self.chain_of[c:], self.ids[c:], self.starts[c:], self.ends[c:],
+                       self.free[c:], self.alloc[c:], traj, np.maximum.accumulate(traj) if len(traj) else traj)
 
 
 class SegmentMixin:
@@ -118,13 +126,17 @@ class SegmentMixin:
             dur = dur * run.scale
         if not (dur > 0).all():
             return None  # zero-length steps would tie with each other; keep them per-slice
-        last = self._memory_reach(last, free[:-1], alloc[1:], self._devs(g))
+        steps = np.empty(2 * last)
+        steps[0::2], steps[1::2] = -free[:last], alloc[1: last + 1]
+        traj = np.cumsum(steps)
+        last = self._memory_reach(last, traj, self._devs(g))
         if last == 0:
             return None
         ends = np.cumsum(np.concatenate([[run.end], dur[1: last + 1]]))  # step 0 ends where it was due
         starts = np.concatenate([[run.start], ends[:-1]])
-        cut = slice(0, last + 1)
-        return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1])
+        cut, traj = slice(0, last + 1), traj[: 2 * last]
+        return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1], traj,
+                       np.maximum.accumulate(traj))
 
     def _note_soft_reads(self: Any, seg: Segment) -> None:
         """A segment relied on the mapping of each step's chain successor; per-slice events would
@@ -158,13 +170,11 @@ class SegmentMixin:
                 return i - 1
         return m
 
-    def _memory_reach(self: Any, last: int, free: np.ndarray, alloc: np.ndarray, devs: tuple[int, ...]) -> int:
+    def _memory_reach(self: Any, last: int, traj: np.ndarray, devs: tuple[int, ...]) -> int:
         """Last step of 0..last whose start allocation fits, given the devices' use right now (all
         devices of the group see the same changes, so the tightest one decides)."""
-        steps = np.empty(2 * last)
-        steps[0::2], steps[1::2] = -free[:last], alloc[:last]
         room = min(self.mem.cap[d] - self.mem.used(d) for d in devs)
-        over = np.flatnonzero(np.cumsum(steps)[1::2] > room)
+        over = np.flatnonzero(traj[1::2] > room)
         return int(over[0]) if len(over) else last
 
     # ---- splitting -----------------------------------------------------------------------
@@ -188,15 +198,7 @@ class SegmentMixin:
         seg = run.seg
         devs = self._devs(seg.group)
         c = len(seg.ids) - 1 if full else self._steps_before(seg, self._key)
-        if c:
-            mem = np.empty(2 * c)
-            mem[0::2], mem[1::2] = -seg.free[:c], seg.alloc[:c]
-            nz = mem != 0
-            self.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
-            if self.record:
-                self.log.busy.append((self._stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1])))
-        for ci in range(len(seg.chains)):
-            self._write_chain(run, seg, ci, c, devs)
+        self._write_steps(run, seg, c, devs, requeue=True)
         chain = seg.chains[int(seg.chain_of[c])]
         self._ver += 1
         cur = run._replace(start=float(seg.starts[c]), end=float(seg.ends[c]), info=chain.info,
@@ -208,6 +210,35 @@ class SegmentMixin:
         self._running[int(seg.ids[c])] = cur
         return cur
 
+    def sync_segments(self: Any) -> None:
+        """Write out every step that ended by `now` but keep each segment going with the steps
+        left: the GMG is then exact at `now` without planning the segments again."""
+        if not self._nseg:
+            return
+        key = (self.now, 3, None)
+        for k, run in list(self._running.items()):
+            seg = run.seg
+            if seg is None:
+                continue
+            c = self._steps_before(seg, key)
+            if c:
+                chains = self._write_steps(run, seg, c, self._devs(seg.group), requeue=False)
+                self._running[k] = run._replace(start=float(seg.starts[c]), seg=seg.rest(c, chains))
+
+    def _write_steps(self: Any, run: "Run", seg: Segment, c: int, devs: tuple[int, ...],
+                     requeue: bool) -> tuple[Chain, ...]:
+        """Write out steps 0..c-1 (memory, GMG, rows); the chains as they stand after them."""
+        if c:
+            if self.mem.record:
+                mem = np.diff(seg.traj[: 2 * c], prepend=0.0)
+                nz = mem != 0
+                self.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
+            else:
+                self.mem.shift(devs, float(seg.traj[2 * c - 1]), float(seg.top[2 * c - 1]), ACT)
+            if self.record:
+                self.log.busy.append((self._stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1])))
+        return tuple(self._write_chain(run, seg, ci, c, devs, requeue) for ci in range(len(seg.chains)))
+
     @staticmethod
     def _steps_before(seg: Segment, key: tuple) -> int:
         """How many steps end before event `key` in heap order (ends strictly increase)."""
@@ -217,30 +248,53 @@ class SegmentMixin:
             c += 1
         return c
 
-    def _write_chain(self: Any, run: "Run", seg: Segment, ci: int, c: int, devs: tuple[int, ...]) -> None:
-        """Write out chain ci's part of steps 0..c-1; its next slice runs (step c) or waits."""
+    def _write_chain(self: Any, run: "Run", seg: Segment, ci: int, c: int, devs: tuple[int, ...],
+                     requeue: bool) -> Chain:
+        """Write out chain ci's part of steps 0..c-1; its next slice runs (step c) or waits (back in
+        the queue when `requeue`, else still held by the segment). Returns the chain from there."""
         chain, info = seg.chains[ci], seg.chains[ci].info
-        idx = np.arange(c + 1) if len(seg.chains) == 1 else np.flatnonzero(seg.chain_of[: c + 1] == ci)
         first = info.base + chain.first
+        if len(seg.chains) == 1:  # one chain: steps 0..c-1 done, step c runs
+            return self._write_one(run, seg, chain, c, devs)
+        idx = np.flatnonzero(seg.chain_of[: c + 1] == ci)
         if len(idx) == 0:
-            self._requeue(chain.since, first, seg.group, info)
-            return
+            if requeue:
+                self._requeue(chain.since, first, seg.group, info)
+            return chain
         if not chain.started:
             self.gmg.start_on(first, float(seg.starts[idx[0]]), devs)
         done = idx[idx < c]
-        if len(done):
-            starts, ends = (seg.starts[:c], seg.ends[:c]) if len(seg.chains) == 1 else (seg.starts[done], seg.ends[done])
-            tail = chain.first + len(done) - 1
+        n = len(done)
+        if n:
+            starts, ends = seg.starts[done], seg.ends[done]
+            tail = chain.first + n - 1
             self.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
             if info.preds[chain.first]:
                 self._outputs.pop(first - 1, None)
             self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
             self.record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
         if idx[-1] == c:
-            if len(done):
+            if n:
                 self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
-        else:
-            self._requeue(float(seg.ends[done[-1]]), first + len(done), seg.group, info)
+            return Chain(info, chain.first + n, chain.timing, chain.since, True)
+        since = float(seg.ends[done[-1]])
+        if requeue:
+            self._requeue(since, first + n, seg.group, info)
+        return Chain(info, chain.first + n, chain.timing, since, False)
+
+    def _write_one(self: Any, run: "Run", seg: Segment, chain: Chain, c: int, devs: tuple[int, ...]) -> Chain:
+        if c:
+            info = chain.info
+            first = info.base + chain.first
+            tail = chain.first + c - 1
+            starts, ends = seg.starts[:c], seg.ends[:c]
+            self.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
+            if info.preds[chain.first]:
+                self._outputs.pop(first - 1, None)
+            self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
+            self.record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
+            self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
+        return Chain(chain.info, chain.first + c, chain.timing, chain.since, True)
 
     def _requeue(self: Any, since: float, s: int, g: int, info: "IterInfo") -> None:
         self._queue.append((since, s, g, info))
