@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import numpy as np
 import torch
 
@@ -82,3 +85,25 @@ def test_weight_copy_decision_replicates_a_block(steps):
     assert outcome.ooms == ()
     assert executor.devices[1].resident > 0
     assert gmg.resident["llama"][block, 1] == executor.devices[1].resident
+
+
+def test_execute_returns_at_until_while_a_slice_still_runs(steps):
+    _, prefill, _, ep, _ = steps["llama"]
+    captured = capture_exported(ep, tenant="llama")
+    program = build_program(captured)
+    first = program.slices[0]
+
+    def slow(*a):
+        time.sleep(0.5)
+        return first.fn(*a)
+
+    program = dataclasses.replace(program, slices=(dataclasses.replace(first, fn=slow),) + program.slices[1:])
+    gmg = _gmg(steps)
+    backend = ExecutorBackend(Executor(2), gmg)
+    handle = gmg.add_iteration(captured.graph, home=0)
+    backend.submit(handle, program, [*state_tensors_of(ep), *flatten_exported_inputs(ep, prefill, None)])
+    decision = RoundRobinScheduler(2).schedule(gmg, backend.now())
+    early = backend.execute(decision, until=backend.now() + 0.05)
+    assert early.completed == () and early.time < 0.4
+    later = backend.execute(SchedulerDecision(backend.now()))
+    assert [c.slice_id for c in later.completed] == [handle.slice_base]

@@ -96,9 +96,17 @@ class ExecutorBackend:
         return self._results.pop(key)
 
     # ---- decisions ------------------------------------------------------------------------
-    def execute(self, decision: SchedulerDecision) -> StepOutcome:
-        """Apply weight moves and placements, then wait until at least one slice completes
-        (returns at once when nothing is running)."""
+    def execute(self, decision: SchedulerDecision, until: float = float("inf")) -> StepOutcome:
+        """Apply weight moves and placements, then wait until at least one slice completes,
+        nothing is running, or this backend's clock (`now()`) reaches `until`.
+
+        Container moves and guest starts/stops are serving-level decisions the replay driver
+        carries out; the executor has no engine to move, so it refuses them rather than
+        pretending to apply them.
+        """
+        unsupported = [f for f in ("container_moves", "guest_starts", "guest_stops") if getattr(decision, f, ())]
+        if unsupported:
+            raise NotImplementedError(f"ExecutorBackend cannot apply {', '.join(unsupported)}")
         ooms: list[OOMEvent] = []
         for ev in decision.evictions:
             self.executor.evict(list(self._weights.get((ev.tenant, ev.block), {}).values()), ev.device)
@@ -116,7 +124,8 @@ class ExecutorBackend:
                 if sid in self._slice and self._slice[sid][0] not in self.failed:  # a failed iteration runs nothing more
                     self._pending[sid] = device
         self._flush()
-        completed, finished, more = self._collect(block=self._in_flight > 0)
+        wait = None if until == float("inf") else max(0.0, until - self.now())
+        completed, finished, more = self._collect(block=self._in_flight > 0, timeout=wait)
         return StepOutcome(self.now(), completed, finished, tuple(ooms) + more)
 
     def _device(self, group: int) -> int:
@@ -139,10 +148,14 @@ class ExecutorBackend:
                     self._in_flight += 1
                     progress = True
 
-    def _collect(self, block: bool) -> tuple[tuple[SliceCompletion, ...], tuple[int, ...], tuple[OOMEvent, ...]]:
+    def _collect(self, block: bool, timeout: float | None
+                 ) -> tuple[tuple[SliceCompletion, ...], tuple[int, ...], tuple[OOMEvent, ...]]:
         events = []
         if block:
-            events.append(self._events.get())
+            try:
+                events.append(self._events.get(timeout=timeout))
+            except queue.Empty:  # `until` came first
+                pass
         while True:
             try:
                 events.append(self._events.get_nowait())
