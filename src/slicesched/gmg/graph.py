@@ -96,9 +96,10 @@ class _IntervalLog:
             for name in self.__slots__[:-1]:
                 setattr(self, name, np.resize(getattr(self, name), size))
         prev = self.end_max[n - 1] if n else -np.inf
-        self.device[n: n + k] = np.repeat(devices, m)
-        self.start[n: n + k] = np.tile(s, len(devices))
-        self.end[n: n + k] = np.tile(e, len(devices))
+        rows = (len(devices), m)
+        self.device[n: n + k].reshape(rows)[:] = np.asarray(devices)[:, None]
+        self.start[n: n + k].reshape(rows)[:] = s
+        self.end[n: n + k].reshape(rows)[:] = e
         run_max = np.maximum.accumulate(e)
         self.end_max[n: n + m] = np.maximum(run_max, prev)  # later devices repeat the same ends
         self.end_max[n + m: n + k] = max(prev, float(run_max[-1]))

@@ -323,11 +323,12 @@ class SegmentMixin:
         self.settle(self.now)
 
     def split_covering(self: Any, lo: int, hi: int) -> None:
-        """Split every segment that holds one of slices lo..hi (not yet started, or waiting)."""
+        """Split every segment that relies on the mapping of one of slices lo..hi: its steps, its
+        waiting chains, and the slice after each step (which it would queue on its own group)."""
         if not self._nseg:
             return
         for key, run in list(self._running.items()):
-            if run.seg is not None and (((run.seg.ids >= lo) & (run.seg.ids <= hi)).any()
+            if run.seg is not None and (((run.seg.ids >= lo - 1) & (run.seg.ids <= hi)).any()
                                         or any(lo <= c.info.base + c.first <= hi for c in run.seg.chains)):
                 self._split(key, run)
 
