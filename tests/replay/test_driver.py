@@ -118,3 +118,12 @@ def test_each_baseline_completes_a_multi_tenant_replay(name):
 def test_realloc_moves_a_cold_replica_to_the_hot_tenant():
     r = run_one(scenario(MULTI), RunSpec("realloc", 1.0))
     assert r.container_moves >= 1
+
+
+def test_slicesched_harvests_idle_containers_and_beats_dedicated_on_sla():
+    sc = scenario(MULTI)
+    base = run_one(sc, RunSpec("dedicated", 1.0))
+    ours = run_one(sc, RunSpec("slicesched", 1.0))
+    assert ours.guests >= 1 and ours.ooms == 0
+    assert ours.summary.overall.completed == ours.summary.overall.requests
+    assert ours.violation_rate < 0.75 * base.violation_rate

@@ -26,7 +26,8 @@ from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, block_weight_b
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
-from slicesched.sched.interface import ContainerMove, OOMEvent, ReplicaLoad, Scheduler, TenantLoad
+from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
+                                        SchedulerDecision, TenantLoad, WeightCopy, WeightEviction)
 from slicesched.serving import SLA, Batch, KVBlockManager, Request, TenantEngine, blocks_for
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
@@ -46,10 +47,17 @@ class ReplicaState:
     kv_charged: float = 0.0
     draining: bool = False
     move_to: str | None = None
+    guest: bool = False  # serves overflow on other tenants' devices (SliceScheduler)
+    lent: list[tuple["ReplicaState", int]] = field(default_factory=list)  # (owner, KV blocks borrowed)
 
     @property
     def load(self) -> int:
         return self.engine.num_waiting + self.engine.num_running
+
+    @property
+    def relative_load(self) -> float:
+        """Outstanding requests per KV token of capacity: balances replicas of unequal pools."""
+        return (self.load + 1) / max(self.engine.kv.capacity_tokens, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +68,7 @@ class RunStats:
     ooms: int
     container_moves: int
     rejected: int
+    guests: int
 
 
 @dataclass(slots=True)
@@ -133,6 +142,7 @@ class ReplayDriver:
         self.iterations = 0
         self.moves = 0
         self.rejected = 0
+        self.guests_started = 0
         scheduler.attach(self)
 
     # ---- replicas ---------------------------------------------------------------------------
@@ -151,7 +161,7 @@ class ReplayDriver:
         """ServingView for schedulers: queue and KV state per tenant."""
         out = {}
         for t in self.models:
-            reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
+            reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining and not rs.guest]
             waiting = sum(rs.engine.num_waiting for rs in reps)
             running = sum(rs.engine.num_running for rs in reps)
             kv = float(np.mean([rs.engine.kv.used_blocks / rs.engine.kv.num_blocks for rs in reps])) if reps else 0.0
@@ -159,8 +169,21 @@ class ReplayDriver:
         return out
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]:
-        return tuple(ReplicaLoad(rs.replica.tenant, rs.replica.devices, rs.engine.num_waiting,
-                                 rs.engine.num_running, rs.draining) for rs in self.replicas)
+        out = []
+        for rs in self.replicas:
+            kv = rs.engine.kv
+            out.append(ReplicaLoad(rs.replica.tenant, rs.replica.devices, rs.engine.num_waiting,
+                                   rs.engine.num_running, rs.draining, rs.group, rs.guest,
+                                   kv.used_blocks / max(kv.num_blocks, 1),
+                                   kv.num_free * kv.block_tokens * rs.kv_bytes_per_token))
+        return tuple(out)
+
+    def sla_of(self, tenant: str) -> SLA | None:
+        return self.slas.get(tenant)
+
+    def simulator(self) -> Simulator:
+        """The replay's simulator, for schedulers that fork it for what-if predictions."""
+        return self.sim
 
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return [rs for rs in self.replicas if rs.replica.tenant == tenant]
@@ -188,6 +211,12 @@ class ReplayDriver:
             dirty.clear()
             decision = self.scheduler.schedule(self.gmg, now)
             self._apply_moves(decision.container_moves)
+            for stop in decision.guest_stops:
+                dirty.update(dict.fromkeys(self._stop_guest(stop, now)))
+            for start in decision.guest_starts:
+                g = self._start_guest(start, now)
+                if g is not None:
+                    dirty[g] = None
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
             if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
@@ -215,7 +244,7 @@ class ReplayDriver:
         reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
         if not reps:  # every replica is moving: queue on the least loaded draining one
             reps = self.replicas_of(t)
-        target = min(reps, key=lambda rs: rs.load)
+        target = min(reps, key=lambda rs: rs.relative_load)
         if req.prompt_tokens >= target.engine.max_model_len:
             self.rejected += 1  # longer than the model/KV pool allows: refused, never served
             return None
@@ -271,6 +300,79 @@ class ReplayDriver:
             self._charge_kv(rs, oom.time)
         return hit
 
+    # ---- guests (SliceScheduler) ---------------------------------------------------------------
+    def _start_guest(self, g: GuestStart, now: float) -> ReplicaState | None:
+        """Borrow KV memory from the devices' owners, copy the tenant's weights there from its own
+        replica (through the simulator: link time and memory are paid), and move waiting requests
+        of the tenant over. Refused (None) if memory cannot be lent or a guest is already there."""
+        devs = tuple(g.devices)
+        if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.replicas):
+            return None
+        home = next((rs for rs in self.replicas if rs.replica.tenant == g.tenant and not rs.guest
+                     and rs.replica.devices == tuple(g.src_devices)), None)
+        m = self.models[g.tenant]
+        weights = block_weight_bytes(m, len(devs))
+        lent = self._borrow(devs, float(weights.sum()) + g.kv_bytes)
+        if home is None or lent is None:
+            return None
+        self.sim.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
+        per_tok = m.kv_bytes_per_token() / len(devs)
+        cfg = self.cfg[g.tenant]
+        kv = KVBlockManager(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
+        engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
+                              max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
+                                                                        home.engine.max_model_len))
+        rs = ReplicaState(Replica(g.tenant, devs), self.cluster.group_id(devs), engine, per_tok, guest=True,
+                          lent=lent)
+        self.replicas.append(rs)
+        self.guests_started += 1
+        for h in self.replicas_of(g.tenant):
+            if not h.guest:
+                for req in h.engine.take_waiting(h.engine.num_waiting):
+                    engine.adopt(req, now)
+        return rs
+
+    def _borrow(self, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
+        """Lend `nbytes` per device from the free KV blocks of each device's owner replica, all
+        or nothing; owners keep at least a quarter of their pool."""
+        plan = []
+        for d in devs:
+            owner = next((rs for rs in self.replicas if not rs.guest and d in rs.replica.devices), None)
+            if owner is None:
+                return None
+            block_bytes = BLOCK_TOKENS * owner.kv_bytes_per_token
+            n = int(math.ceil(nbytes / block_bytes))
+            kv = owner.engine.kv
+            if n > kv.num_free or kv.num_blocks - n < kv.num_blocks // 4 or any(o is owner for o, _ in plan):
+                return None
+            plan.append((owner, n))
+        for owner, n in plan:
+            owner.engine.kv.lend(n)
+        return plan
+
+    def _stop_guest(self, g: GuestStop, now: float) -> list[ReplicaState]:
+        """Send the guest's requests back to the tenant's replicas (recomputed), free its KV and
+        weights, and give the borrowed memory back to the owners."""
+        rs = next((r for r in self.replicas if r.guest and r.replica.tenant == g.tenant
+                   and r.replica.devices == tuple(g.devices)), None)
+        if rs is None:
+            return []
+        for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
+            del self.inflight[key]
+            self.sim.abort_iteration(key)
+        reqs = rs.engine.evict_all(now)
+        self._charge_kv(rs, now)
+        self.replicas.remove(rs)
+        m = self.models[g.tenant]
+        self.sim.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(g.tenant, blk, d) for d in rs.replica.devices for blk in range(2 * m.layers + 2))))
+        for owner, n in rs.lent:
+            owner.engine.kv.reclaim(n)
+        homes = [h for h in self.replicas_of(g.tenant) if not h.guest]
+        for req in reqs:
+            min(homes, key=lambda h: h.load).engine.adopt(req, now)
+        return homes + [owner for owner, _ in rs.lent]
+
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
         for mv in moves:
@@ -325,7 +427,7 @@ class ReplayDriver:
         dev, s, e = log.device[: log.n], log.start[: log.n], log.end[: log.n]
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
-                         self.rejected)
+                         self.rejected, self.guests_started)
         timeline = self.sim.perfetto() if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)

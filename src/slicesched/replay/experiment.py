@@ -46,6 +46,8 @@ class RunSummary:
     op_events: int
     ooms: int
     container_moves: int
+    guests: int
+    rejected: int
     timeline: dict | None
 
     @property
@@ -76,7 +78,8 @@ def _summarize(res: RunResult) -> RunSummary:
     frame.insert(0, "scheduler", res.scheduler)
     s = res.stats
     return RunSummary(res.scheduler, res.rate_scale, summary, frame, res.busy, res.num_devices, res.makespan_s,
-                      s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, res.timeline)
+                      s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests, s.rejected,
+                      res.timeline)
 
 
 def _run_task(args: tuple[Scenario, RunSpec, float | None]) -> RunSummary:

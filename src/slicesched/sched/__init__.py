@@ -1,7 +1,8 @@
 """Schedulers behind one two-phase interface, and the registry that names them."""
 
 from slicesched.sched import baselines as _baselines  # noqa: F401  (registers the baselines)
-from slicesched.sched.interface import (SCHEDULERS, Backend, ContainerMove, OOMEvent, ReplicaLoad, Scheduler,
+from slicesched.sched import slicesched as _slicesched  # noqa: F401  (registers SliceScheduler)
+from slicesched.sched.interface import (SCHEDULERS, Backend, ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, ServingView, SliceCompletion, SlicePlacement, StepOutcome,
                                         TenantLoad, WeightCopy, WeightEviction)
 
@@ -11,6 +12,6 @@ def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
     return cls.from_scenario(scenario) if scenario is not None else cls()
 
 
-__all__ = ["SCHEDULERS", "Backend", "ContainerMove", "OOMEvent", "ReplicaLoad", "Scheduler", "SchedulerDecision",
+__all__ = ["SCHEDULERS", "Backend", "ContainerMove", "GuestStart", "GuestStop", "OOMEvent", "ReplicaLoad", "Scheduler", "SchedulerDecision",
            "ServingView", "SliceCompletion", "SlicePlacement", "StepOutcome", "TenantLoad", "WeightCopy",
            "WeightEviction", "make_scheduler"]

@@ -66,6 +66,32 @@ class ContainerMove:
 
 
 @dataclass(frozen=True, slots=True)
+class GuestStart:
+    """Serve overflow of `tenant` on `devices` of other containers: copy its weight shards there
+    (shard i from `src_devices[i]`, a device of the tenant's own replica) and give it `kv_bytes`
+    per device of KV cache lent by the devices' owners. Its slices then run only where the
+    scheduler places them (in the owners' idle slices)."""
+
+    tenant: str
+    devices: tuple[int, ...]
+    src_devices: tuple[int, ...]
+    kv_bytes: float
+
+    def weight_copies(self, num_blocks: int) -> tuple[WeightCopy, ...]:
+        return tuple(WeightCopy(self.tenant, blk, src, dst) for src, dst in zip(self.src_devices, self.devices)
+                     for blk in range(num_blocks))
+
+
+@dataclass(frozen=True, slots=True)
+class GuestStop:
+    """End the guest of `tenant` on `devices`: its requests move back to the tenant's own
+    replicas (recomputed), its KV and weights are freed and the lent memory returns."""
+
+    tenant: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerDecision:
     """Everything a scheduler decided at one instant; backends must not modify it."""
 
@@ -74,10 +100,13 @@ class SchedulerDecision:
     weight_copies: tuple[WeightCopy, ...] = ()
     evictions: tuple[WeightEviction, ...] = ()
     container_moves: tuple[ContainerMove, ...] = ()
+    guest_starts: tuple[GuestStart, ...] = ()
+    guest_stops: tuple[GuestStop, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.placements or self.weight_copies or self.evictions or self.container_moves)
+        return not (self.placements or self.weight_copies or self.evictions or self.container_moves
+                    or self.guest_starts or self.guest_stops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +159,10 @@ class ReplicaLoad:
     waiting: int
     running: int
     draining: bool
+    group: int = -1  # device-group id (the home of its iterations in the GMG)
+    guest: bool = False  # a guest on other tenants' devices (SliceScheduler overflow)
+    kv_used_frac: float = 0.0
+    kv_free_bytes: float = 0.0  # per device, unused KV pool (what could be lent)
 
 
 class ServingView(Protocol):

@@ -226,6 +226,43 @@ class TenantEngine:
         self.num_oom_preemptions += n
         return n
 
+    def take_waiting(self, max_n: int) -> list[Request]:
+        """Hand over up to ``max_n`` never-admitted requests from the back of the queue (the
+        newest), for another replica of the tenant to serve. Requests already started stay."""
+        out: list[Request] = []
+        while self._waiting and len(out) < max_n:
+            req = self._waiting[-1]
+            if req.state is not RequestState.WAITING:
+                break
+            self._waiting.pop()
+            del self._live[req.id]
+            out.append(req)
+        out.reverse()
+        return out
+
+    def evict_all(self, now: float) -> list[Request]:
+        """Give up every unfinished request (the replica is going away): running ones are
+        preempted by recomputation first. In-flight batches are dropped. Returns them in
+        arrival order, ready for another replica's ``adopt``."""
+        self.preempt_all(now)
+        out = sorted(self._waiting, key=_arrival_key)
+        self._waiting.clear()
+        self._live.clear()
+        return out
+
+    def adopt(self, req: Request, now: float) -> None:
+        """Take over a request another replica gave up (fresh or preempted: no KV held here).
+        It queues in arrival order among waiting requests, as it would have arrived here."""
+        if req.tenant != self.tenant or req.id in self._live:
+            raise ValueError(f"request {req.id} cannot be adopted by engine {self.tenant!r}")
+        if req.num_computed_tokens or req.state not in (RequestState.WAITING, RequestState.PREEMPTED):
+            raise ValueError(f"request {req.id} still holds KV elsewhere (state {req.state})")
+        self._live[req.id] = req
+        i = len(self._waiting)
+        while i > 0 and _arrival_key(self._waiting[i - 1]) > _arrival_key(req):
+            i -= 1
+        self._waiting.insert(i, req)
+
     # ---- introspection ----------------------------------------------------------------------
 
     @property

@@ -38,6 +38,18 @@ class KVBlockManager:
         self._held: dict[Hashable, int] = {}
         self._used = 0
 
+    def lend(self, n: int) -> bool:
+        """Shrink the pool by ``n`` free blocks (memory lent to a guest on this device); False,
+        and no change, if fewer than ``n`` blocks are free."""
+        if n < 0 or n > self.num_blocks - self._used:
+            return False
+        self.num_blocks -= n
+        return True
+
+    def reclaim(self, n: int) -> None:
+        """Take back ``n`` blocks lent earlier."""
+        self.num_blocks += n
+
     def blocks_needed(self, n_tokens: int) -> int:
         """Blocks that hold ``n_tokens`` tokens."""
         return -(-n_tokens // self.block_tokens)
