@@ -189,6 +189,12 @@ class Scheduler(ABC):
         baselines change the packing here (e.g. co-location); the default keeps it."""
         return default
 
+    def wants_every_slice(self) -> bool:
+        """Asked by the driver before each step: True if `schedule` must run after every slice
+        completion (a scheduler placing slices lazily); False lets the backend run on until an
+        iteration finishes or an arrival, which is much faster for whole-iteration placement."""
+        return False
+
     def attach(self, view: ServingView) -> None:
         """Called once by the driver before the run; schedulers that need queue state keep `view`."""
 

@@ -72,6 +72,9 @@ class SliceScheduler(Scheduler):
     def attach(self, view: ServingView) -> None:
         self._view = view
 
+    def wants_every_slice(self) -> bool:
+        return bool(self._guests)  # guest slices are placed a few at a time
+
     # ---- placement (every call) -----------------------------------------------------------
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         starts: tuple[GuestStart, ...] = ()
