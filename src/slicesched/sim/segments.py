@@ -63,12 +63,15 @@ class Segment:
     alloc: np.ndarray  # [N] bytes allocated per device when steps 1..N start
     traj: np.ndarray  # [2N] bytes in use relative to the start, after each free and alloc in turn
     top: np.ndarray  # [2N] running maximum of traj
+    scale: float  # slowdown of steps 1..N (as the devices stood when the segment formed)
+    co: int  # other slices on the devices during steps 1..N
 
     def rest(self, c: int, chains: tuple[Chain, ...]) -> "Segment":
         """The segment from step c on (steps before it written out)."""
         traj = self.traj[2 * c:] - self.traj[2 * c - 1]
         return Segment(self.group, chains, self.chain_of[c:], self.ids[c:], self.starts[c:], self.ends[c:],
-                       self.free[c:], self.alloc[c:], traj, np.maximum.accumulate(traj) if len(traj) else traj)
+                       self.free[c:], self.alloc[c:], traj, np.maximum.accumulate(traj) if len(traj) else traj,
+                       self.scale, self.co)
 
 
 class SegmentMixin:
@@ -81,6 +84,8 @@ class SegmentMixin:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, Prio.SLICE_END, s, run.version)]
+        if any(self._seg_on[d] is not None for d in devs):  # another stream's segment guards them
+            return plain
         waiting = [q for q in self._queue if not set(devs).isdisjoint(self._devs(q[2]))]
         if any(q[2] != g for q in waiting) or (self.streams > 1 and waiting):
             return plain
@@ -122,8 +127,13 @@ class SegmentMixin:
             dur, free, alloc = c.timing.slice_arr[j], c.info.step_free[j], c.info.step_alloc[j]
         else:
             chain_of, ids, dur, free, alloc = _interleave(chains, n)
-        if run.scale != 1.0:
-            dur = dur * run.scale
+        devs = self._devs(g)
+        # steps 1..N start when the step before ends; until then nothing on these devices can
+        # change without splitting the segment, so their slowdown is the one seen right now
+        co = max(self.streams - self._free[d] - 1 for d in devs) if self.streams > 1 else 0
+        scale = self._scale(devs, co)
+        if scale != 1.0:
+            dur = dur * scale
         if not (dur > 0).all():
             return None  # zero-length steps would tie with each other; keep them per-slice
         steps = np.empty(2 * last)
@@ -136,7 +146,7 @@ class SegmentMixin:
         starts = np.concatenate([[run.start], ends[:-1]])
         cut, traj = slice(0, last + 1), traj[: 2 * last]
         return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1], traj,
-                       np.maximum.accumulate(traj))
+                       np.maximum.accumulate(traj), scale, co)
 
     def _note_soft_reads(self: Any, seg: Segment) -> None:
         """A segment relied on the mapping of each step's chain successor; per-slice events would
@@ -201,8 +211,10 @@ class SegmentMixin:
         self._write_steps(run, seg, c, devs, requeue=True)
         chain = seg.chains[int(seg.chain_of[c])]
         self._ver += 1
+        later = {"scale": seg.scale, "co": seg.co} if c else {}
         cur = run._replace(start=float(seg.starts[c]), end=float(seg.ends[c]), info=chain.info,
-                           local=int(seg.ids[c]) - chain.info.base, timing=chain.timing, version=self._ver, seg=None)
+                           local=int(seg.ids[c]) - chain.info.base, timing=chain.timing, version=self._ver, seg=None,
+                           **later)
         for d in devs:
             self._seg_on[d] = None
         self._nseg -= 1
@@ -223,7 +235,8 @@ class SegmentMixin:
             c = self._steps_before(seg, key)
             if c:
                 chains = self._write_steps(run, seg, c, self._devs(seg.group), requeue=False)
-                self._running[k] = run._replace(start=float(seg.starts[c]), seg=seg.rest(c, chains))
+                self._running[k] = run._replace(start=float(seg.starts[c]), seg=seg.rest(c, chains), scale=seg.scale,
+                                                co=seg.co)
 
     def _write_steps(self: Any, run: "Run", seg: Segment, c: int, devs: tuple[int, ...],
                      requeue: bool) -> tuple[Chain, ...]:
@@ -306,7 +319,7 @@ class SegmentMixin:
         running slice; exact, since the plan starts from the slice's known end)."""
         for s in sorted(self._running):
             run = self._running.get(s)
-            if run is not None and run.seg is None and self._seg_on[self._devs(run.group)[0]] is None:
+            if run is not None and run.seg is None:
                 self._push(self.try_segment(s, run, self._devs(run.group)))
 
     def settle(self: Any, until: float) -> None:

@@ -46,8 +46,9 @@ def _metadata(n: int) -> list[dict[str, Any]]:
 def _slice_rows(sim: "Simulator") -> list[tuple]:
     """Every recorded slice as a single-slice row (chains written out at once are expanded)."""
     rows = list(sim.log.slices)
-    for stamp, first, g, starts, ends, key, j, scale, timing in sim.log.chains:
-        rows += [(stamp, first + i, g, float(s), float(e), key, j + i, scale, timing)
+    for stamp, first, g, starts, ends, key, j, _, timing in sim.log.chains:
+        # a chain's first step may have started under another slowdown: take each from its length
+        rows += [(stamp, first + i, g, float(s), float(e), key, j + i, (e - s) / timing.slice_dur[j + i], timing)
                  for i, (s, e) in enumerate(zip(starts, ends))]
     return rows
 
