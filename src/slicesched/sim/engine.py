@@ -116,6 +116,7 @@ class Simulator(SegmentMixin):
         self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
         self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
         self._weights_seen = gmg.mem_weights.copy()
+        self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
         self._deferred: list[Event] = []
@@ -298,7 +299,13 @@ class Simulator(SegmentMixin):
         """An independent copy that predicts from the cost model alone (no perturbation; running
         slices re-timed to their predicted ends) and runs chains as segments."""
         f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True)
-        f.form_segments()
+        key = (self._stamp, self._ver, self.gmg.mem_weights.tobytes())
+        tpl = self._fork_plan
+        if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
+            f._running, f._seg_on, f._nseg, f._queue, f._heap = dict(tpl[1]), list(tpl[2]), tpl[3], list(tpl[4]), list(tpl[5])
+        else:
+            f.form_segments()
+            self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
         return f
 
     def simulate(self, horizon_s: float) -> Prediction:
@@ -796,6 +803,7 @@ class Simulator(SegmentMixin):
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
         f._tcache = {}
         f._weights_seen = f.gmg.mem_weights.copy()
+        f._fork_plan = None
         f._reads, f._soft, f.on_event = None, None, None
         f._init_outputs()
         f._tracked = dict(self._tracked)
