@@ -33,20 +33,18 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from slicesched.cost.model import CostModel
-from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
-from slicesched.sched.interface import (OOMEvent, SchedulerDecision, SliceCompletion, SlicePlacement, StepOutcome,
-                                        WeightCopy, WeightEviction)
-from slicesched.sim.events import Event, Prio, SimulationError
+from slicesched.sched.interface import OOMEvent, SchedulerDecision, SliceCompletion, SlicePlacement, StepOutcome
+from slicesched.sim.events import Event, Prio
 from slicesched.sim.iterinfo import IterInfo, build_info
-from slicesched.sim.memory import ACT, KV, WEIGHTS, XFER, MemoryLedger
+from slicesched.sim.memory import ACT, KV, XFER, MemoryLedger
 from slicesched.sim.network import ACT as FLOW_ACT
-from slicesched.sim.network import WEIGHT as FLOW_WEIGHT
 from slicesched.sim.network import Flow, FlowKey, Network, Paths
 from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.prediction import Prediction, RunLog, SliceRow, build_prediction
 from slicesched.sim.segments import Segment, SegmentMixin
+from slicesched.sim.weights import WeightsMixin
 from slicesched.sim.timing import SliceTiming, TimingCache
 from slicesched.sim.trace import chrome_trace
 
@@ -82,7 +80,7 @@ class _Shared:
         self.home_bytes: dict[str, np.ndarray] = {}
 
 
-class Simulator(SegmentMixin):
+class Simulator(SegmentMixin, WeightsMixin):
     """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given."""
 
     def __init__(self, gmg: GlobalMappingGraph, cost_model: CostModel, perturbation: Perturbation | None = None,
@@ -115,7 +113,7 @@ class Simulator(SegmentMixin):
         self._init_outputs()
         self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
         self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
-        self._weights_seen = gmg.mem_weights.copy()
+        self._weights_seen = gmg.mem_weights.tobytes()
         self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
@@ -174,15 +172,15 @@ class Simulator(SegmentMixin):
             self.sync_segments()  # the GMG shows the state at `now`; the segments go on
         finally:
             self.segments = seg
-        self._weights_seen = self.gmg.mem_weights.copy()
+        self._weights_seen = self.gmg.mem_weights.tobytes()
         return self.take_outcome()
 
     def _notice_outside_changes(self) -> None:
         """A driver may load or evict weights through the GMG directly: forget cached residency
         and re-plan segments, whose memory checks assumed the old state."""
-        if not np.array_equal(self.gmg.mem_weights, self._weights_seen):
+        if self.gmg.mem_weights.tobytes() != self._weights_seen:
             self._wver += 1
-            self._weights_seen = self.gmg.mem_weights.copy()
+            self._weights_seen = self.gmg.mem_weights.tobytes()
             if self._nseg:
                 self.dissolve_segments()
 
@@ -639,84 +637,6 @@ class Simulator(SegmentMixin):
         if pend == 1 and int(self.gmg.get("state", x)) == _READY:
             bisect.insort(self._queue, (self.now, x, int(self.gmg.get("group", x)), self._info_of(x)[0]))
 
-    # ==== weights ======================================================================
-    def _weights_ready(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> bool:
-        """True when the slice's weight blocks are on its devices; False when it must wait for a
-        copy in flight (it is parked and re-queued when the copy lands)."""
-        if self._wok.get((info.tenant, g)) == self._wver:
-            return True
-        res = self.gmg.resident[info.tenant]
-        lo, hi = info.wb_lo[j], info.wb_hi[j]
-        sub = res[lo: hi + 1][:, list(devs)]
-        if (sub > 0).all():
-            if (res[:, list(devs)] > 0).all():
-                self._wok[(info.tenant, g)] = self._wver
-            return True
-        b, k = (int(v) for v in np.argwhere(sub <= 0)[0])
-        miss = (info.tenant, lo + b, devs[k])
-        if self._weight_key(*miss) not in self.net.flows:
-            raise SimulationError(f"slice {s} ({info.tenant}) placed on group {g} but weight block {lo + b} "
-                                  f"is not on device {devs[k]} and no copy is on the way")
-        self._wwait[miss] = self._wwait.get(miss, ()) + (s,)
-        return False
-
-    def _weight_key(self, tenant: str, block: int, dst: int) -> FlowKey:
-        return (FLOW_WEIGHT, self.gmg.tenant_index[tenant] << 20 | block, dst)
-
-    def _copy_weights(self, c: WeightCopy) -> list[Event]:
-        res = self.gmg.resident[c.tenant]
-        key = self._weight_key(c.tenant, c.block, c.dst_device)
-        if res[c.block, c.dst_device] > 0 or key in self.net.flows:
-            return []
-        if c.src_device >= 0:
-            nbytes = float(res[c.block, c.src_device])
-            if nbytes <= 0:
-                raise SimulationError(f"weight copy {c}: block not resident on source device")
-        else:
-            nbytes = float(self._home_bytes(c.tenant)[c.block])
-        oom = self._alloc((c.dst_device,), nbytes, XFER, c.tenant, what="weights")
-        if oom is not None:
-            self._report(oom)
-            return []
-        src = (c.src_device,)
-        lat_res, lat = self._sh.paths.between(src, (c.dst_device,))
-        return self._open_flow(Flow(key, nbytes, lat, lat_res, (c.dst_device,), self.now, src=src))
-
-    def _home_bytes(self, tenant: str) -> np.ndarray:
-        hb = self._sh.home_bytes.get(tenant)
-        if hb is None:
-            tp = self.gmg.containers[tenant].tp if tenant in self.gmg.containers else 1
-            hb = self._sh.home_bytes[tenant] = block_weight_bytes(self.gmg.models[tenant], tp)
-        return hb
-
-    def _deliver_weight(self, key: FlowKey, flow: Flow) -> None:
-        tidx, block, d = key[1] >> 20, key[1] & ((1 << 20) - 1), key[2]
-        tenant = self.gmg.tenants[tidx]
-        res = self.gmg.resident[tenant]
-        self._touch(flow.dst)
-        if res[block, d] > 0:
-            self.mem.free(flow.dst, flow.nbytes, XFER, self.now)
-        else:
-            self.mem.move(flow.dst, flow.nbytes, XFER, WEIGHTS, self.now)
-            res[block, d] = flow.nbytes
-            self._wver += 1
-        for s in self._wwait.pop((tenant, block, d), ()):
-            if int(self.gmg.get("state", s)) == _READY and self.gmg.get("group", s) >= 0:
-                bisect.insort(self._queue, (self.now, s, int(self.gmg.get("group", s)), self._info_of(s)[0]))
-
-    def _evict(self, e: WeightEviction) -> None:
-        self._touch((e.device,))
-        for r in self._running.values():
-            if (r.info.tenant == e.tenant and e.device in self._devs(r.group)
-                    and r.info.wb_lo[r.local] <= e.block <= r.info.wb_hi[r.local]):
-                raise SimulationError(f"eviction {e}: a running slice reads that block")
-        res = self.gmg.resident[e.tenant]
-        nbytes = float(res[e.block, e.device])
-        if nbytes > 0:
-            res[e.block, e.device] = 0.0
-            self.mem.free((e.device,), nbytes, WEIGHTS, self.now)
-            self._wver += 1
-
     # ==== memory =======================================================================
     def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str,
                what: str | None = None) -> OOMEvent | None:
@@ -802,7 +722,7 @@ class Simulator(SegmentMixin):
         f.record = True
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
         f._tcache = {}
-        f._weights_seen = f.gmg.mem_weights.copy()
+        f._weights_seen = f.gmg.mem_weights.tobytes()
         f._fork_plan = None
         f._reads, f._soft, f.on_event = None, None, None
         f._init_outputs()

@@ -125,7 +125,7 @@ class Incremental:
 
     def _resume(self, run: Simulator, upto: int, changed: range) -> Prediction:
         state, m = run.gmg.col("state"), run.gmg.mask
-        while (t := run._next_time()) <= self.t1:
+        while run._next_time() <= self.t1:
             run._process()
             i = bisect.bisect_right(self._keys, run._key[:3]) - 1
             if i < 0 or self._stamps[i] <= upto:
