@@ -550,8 +550,10 @@ class Simulator(SegmentMixin, WeightsMixin):
         if (state > _READY).any():
             raise ValueError(f"placement of slice {int(ids[state > _READY][0])}: already started")
         ev: list[Event] = []
+        committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
         for x in ids[self.gmg.col("group")[idx] >= 0].tolist():
-            ev += self._unplace(x)
+            if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
+                ev += self._unplace(x)
         self.gmg.map(int(ids[0]), g, len(ids))
         some_pred_done = self.gmg.col("preds_left")[idx] < info.npreds[ids - info.base]
         for x in ids[(state == _READY) | some_pred_done].tolist():

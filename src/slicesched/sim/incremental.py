@@ -130,7 +130,7 @@ class Incremental:
             i = bisect.bisect_right(self._keys, run._key[:3]) - 1
             if i < 0 or self._stamps[i] <= upto:
                 continue
-            if all(state[x & m] == SliceState.DONE and x not in run._outputs for x in changed) \
+            if all(state[x & m] == SliceState.DONE and x not in run._outputs for x in reversed(changed)) \
                     and run.digest() == self._digests[i]:
                 after = self._stamps[i]
                 log = self._base.log.spliced(upto, run.log, after)
