@@ -429,6 +429,17 @@ class ReplayDriver:
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
                          self.rejected, self.guests_started)
-        timeline = self.sim.perfetto() if self.sim.record else None
+        timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)
+
+
+TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory
+TRACE_MAX_EVENTS = 400_000
+
+
+def _trim_trace(trace: dict) -> dict:
+    """Keep a trace small enough to open in the Perfetto UI: metadata plus the first window."""
+    ev = trace.get("traceEvents", [])
+    keep = [e for e in ev if e.get("ph") == "M" or e.get("ts", 0) <= TRACE_WINDOW_US][:TRACE_MAX_EVENTS]
+    return {**trace, "traceEvents": keep}

@@ -64,7 +64,10 @@ def print_table(df: pd.DataFrame, title: str) -> None:
         t.add_column(names.get(c, c), justify="left" if c == "scheduler" else "right")
     for row in df.itertuples():
         t.add_row(*[_fmt(getattr(row, c), f) for c, f in cols])
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal:  # files and pipes: do not squeeze columns to 80 characters
+        console = Console(width=220)
+    console.print(t)
 
 
 def _fmt(v, f: str) -> str:
