@@ -13,10 +13,11 @@ TENANTS = {"a": (tiny("ma", layers=2), (0,)), "b": (tiny("mb", layers=3, hidden=
            "c": (tiny("mc", layers=1), (3,))}
 
 
-def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0, wake: str = "slice") -> Simulator:
+def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0, wake: str = "slice",
+                record: bool = True) -> Simulator:
     """Each tenant decodes continuously: a new iteration whenever its previous one finishes."""
     gmg = world(TENANTS, per_node=4, everywhere=True)
-    sim = Simulator(gmg, COST, perturbation=pert)
+    sim = Simulator(gmg, COST, perturbation=pert, record=record)
     rng = np.random.default_rng(seed)
     live = {}
 
@@ -32,6 +33,8 @@ def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0
     while sim.now < seconds:
         out = sim.execute(SchedulerDecision(sim.now, tuple(place)), wake=wake)
         place = [new(live.pop(k)) for k in out.finished_iterations]
+        for k in out.finished_iterations:
+            gmg.retire(k)
     return sim
 
 
@@ -122,3 +125,10 @@ def test_fork_of_a_perturbed_replay_predicts_running_slices_from_the_cost_model(
         assert pred.slice_end[i] == pytest.approx(max(r.start + base[ops].sum(), sim.now), rel=1e-9)
         assert pred.slice_end[i] != r.end  # reality (perturbed) is not leaked into the prediction
     same_prediction(sim.fork().simulate(0.002), sim.fork().simulate(0.002))  # and forks are deterministic
+
+
+def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
+    sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
+    assert len(sim.log.iterations) > 50
+    assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
+    assert len(sim._sh.timing._timings) <= len(TENANTS)

@@ -115,6 +115,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
         self._weights_seen = gmg.mem_weights.tobytes()
         self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
+        self._owner = True  # owns the shared caches (forks and checkpoints do not)
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
         self._deferred: list[Event] = []
@@ -264,12 +265,20 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._push(self._take_deferred())
 
     def retire(self, key: int) -> IterationGraph:
-        """Forget a finished iteration in the GMG and the simulator's caches."""
-        self._sh.infos.pop(key, None)
-        self._sh.timing.forget(key)
-        self._tcache = {k: v for k, v in self._tcache.items() if k[0] != key} if self._tcache else {}
+        """Forget a finished iteration in the GMG (the same as `gmg.retire`)."""
         self._tracked.pop(key, None)
         return self.gmg.retire(key)
+
+    def _forget(self, key: int) -> None:
+        """Drop a finished iteration's cached structure and timings (a long replay would otherwise
+        keep them all). Recorded rows keep their own timings; a trace names its tenant from the
+        structure, so it stays while timelines are recorded."""
+        if not self.record:
+            self._sh.infos.pop(key, None)
+        self._sh.timing.forget(key)
+        for cache in (self._tcache, self._perturbed):
+            for k in [k for k in cache if k[0] == key]:
+                del cache[k]
 
     def abort_iteration(self, key: int) -> IterationGraph:
         """Drop a live iteration (preempted for recomputation): its running slices stop, its
@@ -407,6 +416,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         if fin is not None:
             self._finished.append(fin)
             self.log.iterations.append((self._stamp, fin, self.now))
+            if self._owner:
+                self._forget(fin)
         return ev + self._dispatch()
 
     def _record(self, s: int, run: Run) -> None:
@@ -726,6 +737,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._tcache = {}
         f._weights_seen = f.gmg.mem_weights.tobytes()
         f._fork_plan = None
+        f._owner = False
         f._reads, f._soft, f.on_event = None, None, None
         f._init_outputs()
         f._tracked = dict(self._tracked)

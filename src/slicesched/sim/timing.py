@@ -88,9 +88,9 @@ class TimingCache:
         return t
 
     def forget(self, key: int) -> None:
-        """Drop an iteration's timings (it retired)."""
-        for k in [k for k in self._timings if k[0] == key]:
-            del self._timings[k]
+        """Drop an iteration's timings (it finished)."""
+        for v in list(self._by_group.values()):
+            self._timings.pop((key, v[0]), None)
 
 
 def graph_for_size(graph: IterationGraph, model: ModelSpec, size: int) -> IterationGraph:
