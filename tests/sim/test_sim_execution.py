@@ -110,3 +110,47 @@ def test_a_slice_without_its_weights_and_no_copy_crashes_the_run() -> None:
     h = sim.add_iteration(build_iteration(m, BatchShape.decode(4, 64), tenant="a"))
     with pytest.raises(SimulationError, match="weight block"):
         sim.execute(whole(h, 1))
+
+
+def test_a_second_stream_runs_concurrently_and_slows_by_the_stream_factor() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,)), "b": (m, (0,))})
+    sim = Simulator(gmg, COST, streams_per_device=2, stream_slowdown=0.5)
+    ga = build_iteration(m, BatchShape.decode(8, 64), tenant="a", grain=Grain.LAYER)
+    ha, hb = (sim.add_iteration(build_iteration(m, BatchShape.decode(8, 64), tenant=t, grain=Grain.LAYER))
+              for t in "ab")
+    done = drain(sim, SchedulerDecision(0.0, (SlicePlacement(ha.slice_base, 0, 1), SlicePlacement(hb.slice_base, 0, 1))))
+    first = COST.op_times(ga, H100, LINKS["local"])[: ga.slice_count[0]].sum()
+    ends = sorted(c.end for c in done)
+    assert ends[0] == pytest.approx(first, rel=1e-12)  # started alone: full speed
+    assert ends[1] == pytest.approx(1.5 * first, rel=1e-12)  # started beside it: 1 + 0.5 * 1
+
+
+def test_evicting_a_block_a_running_slice_reads_crashes_the_run() -> None:
+    m = tiny()
+    gmg = world({"a": (m, (0,))})
+    sim = Simulator(gmg, COST)
+    g = build_iteration(m, BatchShape.decode(8, 64), tenant="a", grain=Grain.BLOCK)
+    h = sim.add_iteration(g)
+    sim.apply(whole(h, 0))
+    with pytest.raises(SimulationError, match="running slice"):
+        sim.apply(SchedulerDecision(0.0, evictions=(WeightEviction("a", int(g.wblock[0]), 0),)))
+
+
+def test_aborting_an_iteration_frees_its_devices_and_memory() -> None:
+    m = tiny(hidden=128)
+    gmg = world({"a": (m, (0,)), "b": (m, (0,))})
+    sim = Simulator(gmg, COST)
+    ha = sim.add_iteration(build_iteration(m, BatchShape.prefill(128), tenant="a"))
+    hb = sim.add_iteration(build_iteration(m, BatchShape.decode(8, 64), tenant="b"))
+    sim.execute(SchedulerDecision(0.0, (SlicePlacement(ha.slice_base, 0, ha.num_slices),
+                                        SlicePlacement(hb.slice_base, 0, hb.num_slices))))
+    assert gmg.mem_act[0] > 0
+    sim.abort_iteration(ha.key)  # preempted: the driver recomputes it later
+    assert ha.key not in gmg.iterations
+    finished = []
+    while (out := sim.execute(SchedulerDecision(sim.now))).completed:
+        assert {c.slice_id for c in out.completed} <= set(hb.slice_ids())
+        finished += out.finished_iterations
+    assert finished == [hb.key]  # the other iteration runs on alone
+    assert gmg.mem_act[0] == 0 and gmg.mem_xfer[0] == 0 and gmg.running_on[0] == -1
