@@ -153,12 +153,12 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._notice_outside_changes()
         per_slice = wake == "slice"
         if per_slice and self._nseg:
-            self.dissolve_segments()
+            self._dissolve_segments()
         seg, self.segments = self.segments, not per_slice
         try:
             self.apply(decision)
             if not per_slice:
-                self.form_segments()
+                self._form_segments()
             done = self._done if per_slice else self._finished
             first: float | None = None
             while True:
@@ -170,7 +170,7 @@ class Simulator(SegmentMixin, WeightsMixin):
                     first = self.now
             if first is None and until < INF and self._next_time() > until:
                 self.now = max(self.now, until)
-            self.sync_segments()  # the GMG shows the state at `now`; the segments go on
+            self._sync_segments()  # the GMG shows the state at `now`; the segments go on
         finally:
             self.segments = seg
         self._weights_seen = self.gmg.mem_weights.tobytes()
@@ -183,7 +183,7 @@ class Simulator(SegmentMixin, WeightsMixin):
             self._wver += 1
             self._weights_seen = self.gmg.mem_weights.tobytes()
             if self._nseg:
-                self.dissolve_segments()
+                self._dissolve_segments()
 
     def apply(self, decision: SchedulerDecision) -> None:
         """Evictions, then weight copies, then placements, all at `now`."""
@@ -225,7 +225,7 @@ class Simulator(SegmentMixin, WeightsMixin):
             self._process()
         if until < INF:
             self._new_stamp()  # the close of a run is a step of its own (rows it writes splice apart)
-            self.settle(until)
+            self._settle(until)
             self.now = max(self.now, until)
 
     def take_outcome(self) -> StepOutcome:
@@ -283,7 +283,7 @@ class Simulator(SegmentMixin, WeightsMixin):
     def abort_iteration(self, key: int) -> IterationGraph:
         """Drop a live iteration (preempted for recomputation): its running slices stop, its
         transfers are cancelled and all its activations are freed."""
-        self.dissolve_segments()
+        self._dissolve_segments()
         self._external()
         it = self.gmg.iterations[key]
         ids = range(it.base, it.base + it.graph.num_slices)
@@ -311,7 +311,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
             f._running, f._seg_on, f._nseg, f._queue, f._heap = dict(tpl[1]), list(tpl[2]), tpl[3], list(tpl[4]), list(tpl[5])
         else:
-            f.form_segments()
+            f._form_segments()
             self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
         return f
 
@@ -400,7 +400,7 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _on_slice_end(self, s: int) -> list[Event]:
         run = self._running[s]
         if run.seg is not None:
-            run = self.materialize(s, run, full=True)
+            run = self._materialize(s, run, full=True)
         del self._running[s]
         return self._finish_slice(s, run)
 
@@ -428,7 +428,7 @@ class Simulator(SegmentMixin, WeightsMixin):
                                     run.scale, run.timing))
             self.log.busy.append((self._stamp, run.group, run.start, self.now))
 
-    def record_chain(self, run: Run, first: int, starts: np.ndarray, ends: np.ndarray) -> None:
+    def _record_chain(self, run: Run, first: int, starts: np.ndarray, ends: np.ndarray) -> None:
         """Record chain steps written out at once (see segments.py)."""
         info, j = run.info, first - run.info.base
         self.op_events += info.nops_prefix[j + len(starts)] - info.nops_prefix[j]
@@ -510,7 +510,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         run = Run(g, self.now, self.now + timing.slice_dur[j] * scale, info, j, timing, scale, co, self._ver)
         self._running[s] = run
         if self.segments:
-            return self.try_segment(s, run, devs)
+            return self._try_segment(s, run, devs)
         return [(run.end, Prio.SLICE_END, s, run.version)]
 
     def _scale(self, devs: tuple[int, ...], co: int) -> float:
@@ -555,7 +555,7 @@ class Simulator(SegmentMixin, WeightsMixin):
             raise ValueError(f"placement of slices {ids[0]}..{ids[-1]}: not live slices")
         info, _ = self._info_of(int(ids[0]))
         self._timing(info, g)  # price the iteration on this group now: rejects a bad group size
-        self.split_covering(int(ids[0]), int(ids[-1]))
+        self._split_covering(int(ids[0]), int(ids[-1]))
         idx = ids & self.gmg.mask
         state = self.gmg.col("state")[idx]
         if (state > _READY).any():

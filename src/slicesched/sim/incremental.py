@@ -45,7 +45,7 @@ class Incremental:
         self.every = every
         base = sim._copy(keep_log=False, retime=sim.perturbation is not None, segments=True)
         base._reads, base._soft = {}, {}
-        base.form_segments()
+        base._form_segments()
         self._ckpts: list[tuple[int, Simulator]] = [(base._stamp, base.snapshot())]
         base.apply(decision)
         self._start_reads(base)

@@ -80,7 +80,7 @@ class SegmentMixin:
     _nseg: int = 0
 
     # ---- creation ------------------------------------------------------------------------
-    def try_segment(self: Any, s: int, run: "Run", devs: tuple[int, ...]) -> list[Event]:
+    def _try_segment(self: Any, s: int, run: "Run", devs: tuple[int, ...]) -> list[Event]:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, Prio.SLICE_END, s, run.version)]
@@ -188,7 +188,7 @@ class SegmentMixin:
         return int(over[0]) if len(over) else last
 
     # ---- splitting -----------------------------------------------------------------------
-    def touch(self: Any, devs: tuple[int, ...]) -> None:
+    def _touch(self: Any, devs: tuple[int, ...]) -> None:
         """Something is about to look at or change these devices: split segments on them."""
         if self._nseg:
             for d in devs:
@@ -196,13 +196,12 @@ class SegmentMixin:
                 if key is not None:
                     self._split(key, self._running[key])
 
-    _touch = touch
 
     def _split(self: Any, key: int, run: "Run") -> None:
-        cur = self.materialize(key, run, full=False)
+        cur = self._materialize(key, run, full=False)
         self._deferred.append((cur.end, Prio.SLICE_END, cur.info.base + cur.local, cur.version))
 
-    def materialize(self: Any, key: int, run: "Run", full: bool) -> "Run":
+    def _materialize(self: Any, key: int, run: "Run", full: bool) -> "Run":
         """Write out the steps that precede the current event (all but the last when `full`, at
         the segment's own end event) and return the step in progress as an ordinary run."""
         seg = run.seg
@@ -222,7 +221,7 @@ class SegmentMixin:
         self._running[int(seg.ids[c])] = cur
         return cur
 
-    def sync_segments(self: Any) -> None:
+    def _sync_segments(self: Any) -> None:
         """Write out every step that ended by `now` but keep each segment going with the steps
         left: the GMG is then exact at `now` without planning the segments again."""
         if not self._nseg:
@@ -285,7 +284,7 @@ class SegmentMixin:
             if info.preds[chain.first]:
                 self._outputs.pop(first - 1, None)
             self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
-            self.record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
+            self._record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
         if idx[-1] == c:
             if n:
                 self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
@@ -305,7 +304,7 @@ class SegmentMixin:
             if info.preds[chain.first]:
                 self._outputs.pop(first - 1, None)
             self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
-            self.record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
+            self._record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
             self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
         return Chain(chain.info, chain.first + c, chain.timing, chain.since, True)
 
@@ -314,15 +313,15 @@ class SegmentMixin:
         self._queue.sort(key=lambda q: (q[0], q[1]))
 
     # ---- whole-simulator ------------------------------------------------------------------
-    def form_segments(self: Any) -> None:
+    def _form_segments(self: Any) -> None:
         """Turn running slices into segments where possible (a fresh fork: saves one event per
         running slice; exact, since the plan starts from the slice's known end)."""
         for s in sorted(self._running):
             run = self._running.get(s)
             if run is not None and run.seg is None:
-                self._push(self.try_segment(s, run, self._devs(run.group)))
+                self._push(self._try_segment(s, run, self._devs(run.group)))
 
-    def settle(self: Any, until: float) -> None:
+    def _settle(self: Any, until: float) -> None:
         """Split every segment at `until` (end of a run, or before a per-slice `execute`)."""
         if not self._nseg:
             return
@@ -332,10 +331,10 @@ class SegmentMixin:
                 self._split(key, run)
         self._push([])
 
-    def dissolve_segments(self: Any) -> None:
-        self.settle(self.now)
+    def _dissolve_segments(self: Any) -> None:
+        self._settle(self.now)
 
-    def split_covering(self: Any, lo: int, hi: int) -> None:
+    def _split_covering(self: Any, lo: int, hi: int) -> None:
         """Split every segment that relies on the mapping of one of slices lo..hi: its steps, its
         waiting chains, and the slice after each step (which it would queue on its own group)."""
         if not self._nseg:
