@@ -4,8 +4,9 @@ One engine serves both uses. As a backend (`execute`), it perturbs op durations 
 `Perturbation`) so that reality differs from prediction and mirrors every start and finish into
 the GMG that schedulers read. `fork()` gives a copy that predicts from the cost model alone,
 takes candidate decisions (`apply`) and runs ahead (`simulate`) to a frozen `Prediction`; it
-never touches its parent. A fork also runs chains of slices on one group as one event (see
-`segments.py`), which is exact and what makes a 100 ms look-ahead cost well under a millisecond.
+never touches its parent. Forks, `execute(..., wake="iteration")` and simulators built with
+`segments=True` run the chains of slices a group will execute next as one event (see
+`segments.py`); property tests check that this gives exactly what per-slice events give.
 
 Execution model:
 - a slice mapped to a group becomes runnable when its predecessors are done, inputs from other
@@ -81,7 +82,15 @@ class _Shared:
 
 
 class Simulator(SegmentMixin, WeightsMixin):
-    """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given."""
+    """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given.
+
+    perturbation: reality's deviation from the cost model (None: predict exactly by it);
+    streams_per_device / stream_slowdown: concurrent slices per device and their mutual slowdown;
+    record: keep every slice, transfer and memory change for timelines and `perfetto()` (peaks,
+    completions and OOMs are always kept); segments: run chains as segments in `run`/`simulate`.
+    After construction, change memory and weights through the simulator (`alloc_kv`, decisions),
+    not the GMG, except loading or evicting home weights, which it notices.
+    """
 
     def __init__(self, gmg: GlobalMappingGraph, cost_model: CostModel, perturbation: Perturbation | None = None,
                  streams_per_device: int = 1, stream_slowdown: float = 0.0, record: bool = True,
