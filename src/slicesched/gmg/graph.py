@@ -29,6 +29,9 @@ class SliceState(IntEnum):
     DONE = 3
 
 
+_READY, _RUNNING, _DONE = int(SliceState.READY), int(SliceState.RUNNING), int(SliceState.DONE)  # hot-loop ints
+
+
 @dataclass(frozen=True, slots=True)
 class IterationHandle:
     key: int
@@ -59,9 +62,12 @@ class _IntervalLog:
 
     `end_max` (running maximum of ends) lets a window query skip, by binary search, the whole
     history that ended before the window, whatever order backends report completions in.
+    Single intervals (one per device at every slice end, a simulator's hot loop) wait in a
+    Python list and reach the arrays at the next read or bulk extend: a list append costs a
+    fraction of the numpy scalar writes it replaces.
     """
 
-    __slots__ = ("device", "start", "end", "end_max", "n")
+    __slots__ = ("device", "start", "end", "end_max", "n", "_pending")
 
     def __init__(self, size: int = 256) -> None:
         self.device = np.empty(size, np.int32)
@@ -69,18 +75,42 @@ class _IntervalLog:
         self.end = np.empty(size)
         self.end_max = np.empty(size)
         self.n = 0
+        self._pending: list[tuple[int, float, float]] = []
 
     def append(self, device: int, s: float, e: float) -> None:
-        n = self.n
-        if n == len(self.start):
-            for name in self.__slots__[:-1]:
-                setattr(self, name, np.resize(getattr(self, name), 2 * n))
-        self.device[n], self.start[n], self.end[n] = device, s, e
-        self.end_max[n] = e if n == 0 or e > self.end_max[n - 1] else self.end_max[n - 1]
-        self.n = n + 1
+        self._pending.append((device, s, e))
+
+    def add(self, devices: tuple[int, ...], s: float, e: float) -> None:
+        """Append (s, e) for each of `devices` (one slice ended)."""
+        p = self._pending
+        for d in devices:
+            p.append((d, s, e))
+
+    def _reserve(self, k: int) -> None:
+        if self.n + k > len(self.start):
+            size = max(2 * len(self.start), self.n + k)
+            for name in ("device", "start", "end", "end_max"):
+                setattr(self, name, np.resize(getattr(self, name), size))
+
+    def flush(self) -> None:
+        """Move pending single intervals into the arrays (exact: floats are stored as given)."""
+        p = self._pending
+        if not p:
+            return
+        self._pending = []
+        rows = np.array(p, np.float64)  # device ids are small ints, exact as floats
+        n, k = self.n, len(p)
+        self._reserve(k)
+        prev = self.end_max[n - 1] if n else -np.inf
+        self.device[n: n + k] = rows[:, 0]
+        self.start[n: n + k], self.end[n: n + k] = rows[:, 1], rows[:, 2]
+        np.maximum.accumulate(rows[:, 2], out=self.end_max[n: n + k])
+        np.maximum(self.end_max[n: n + k], prev, out=self.end_max[n: n + k])
+        self.n = n + k
 
     def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
         """Append intervals (s, e) for each of `devices` (a chain of slices reported at once)."""
+        self.flush()
         n, m = self.n, len(s)
         if len(devices) == 1 and n + m <= len(self.start):  # the common case: plain slices
             prev = self.end_max[n - 1] if n else -np.inf
@@ -91,10 +121,7 @@ class _IntervalLog:
             self.n = n + m
             return
         k = m * len(devices)
-        if n + k > len(self.start):
-            size = max(2 * len(self.start), n + k)
-            for name in self.__slots__[:-1]:
-                setattr(self, name, np.resize(getattr(self, name), size))
+        self._reserve(k)
         prev = self.end_max[n - 1] if n else -np.inf
         rows = (len(devices), m)
         self.device[n: n + k].reshape(rows)[:] = np.asarray(devices)[:, None]
@@ -106,6 +133,7 @@ class _IntervalLog:
         self.n = n + k
 
     def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self.flush()
         k = int(np.searchsorted(self.end_max[: self.n], t0, side="right"))
         return self.device[k: self.n], self.start[k: self.n], self.end[k: self.n]
 
@@ -286,11 +314,13 @@ class GlobalMappingGraph:
     def start_on(self, slice_id: int, t: float, devices: tuple[int, ...]) -> None:
         """`start` for a caller that already knows the slice's devices (the simulator's hot loop)."""
         i = slice_id & self._mask
-        self._cols["state"][i] = SliceState.RUNNING
-        self._cols["start_t"][i] = t
+        c = self._cols
+        c["state"][i] = _RUNNING
+        c["start_t"][i] = t
         self._ready.discard(slice_id)
+        run_on = self.running_on
         for d in devices:
-            self.running_on[d] = slice_id
+            run_on[d] = slice_id
 
     def finish_on(self, slice_id: int, t: float, start: float, devices: tuple[int, ...], key: int,
                   succ: tuple[int, ...] | list[int]) -> tuple[list[int], int | None]:
@@ -299,12 +329,14 @@ class GlobalMappingGraph:
         the one or two successors a slice usually has."""
         c, m = self._cols, self._mask
         i = slice_id & m
-        c["state"][i] = SliceState.DONE
+        state = c["state"]
+        state[i] = _DONE
         c["end_t"][i] = t
+        self.busy.add(devices, start, t)
+        run_on = self.running_on
         for d in devices:
-            self.busy.append(d, start, t)
-            if self.running_on[d] == slice_id:
-                self.running_on[d] = -1
+            if run_on[d] == slice_id:
+                run_on[d] = -1
         newly: list[int] = []
         left_col = c["preds_left"]
         for x in succ:
@@ -312,10 +344,11 @@ class GlobalMappingGraph:
             left = left_col[xi] - 1
             left_col[xi] = left
             if left == 0:
-                c["state"][xi] = SliceState.READY
+                state[xi] = _READY
                 c["ready_t"][xi] = t
                 newly.append(x)
-        self._ready.update(newly)
+        if newly:
+            self._ready.update(newly)
         it = self.iterations[key]
         it.remaining -= 1
         return newly, (key if it.remaining == 0 else None)
@@ -373,6 +406,7 @@ class GlobalMappingGraph:
     def busy_intervals(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """All finished busy intervals of one device, in completion order (for reports)."""
         b = self.busy
+        b.flush()
         m = b.device[: b.n] == device
         return b.start[: b.n][m], b.end[: b.n][m]
 

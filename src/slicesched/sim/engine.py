@@ -51,6 +51,9 @@ from slicesched.sim.trace import chrome_trace
 
 INF = float("inf")
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
+# plain ints: comparing with an enum member costs an attribute lookup in the hot loop
+_SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
+_new_run = tuple.__new__  # Run(...) without the generated __new__'s Python frame (hot loop)
 
 
 class Run(NamedTuple):
@@ -159,7 +162,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         """
         if wake not in ("slice", "iteration"):
             raise ValueError(f"execute: wake must be 'slice' or 'iteration', not {wake!r}")
-        self._notice_outside_changes()
+        weights = self.gmg.mem_weights.tobytes()
+        if weights != self._weights_seen:
+            self._notice_outside_changes()
         per_slice = wake == "slice"
         if per_slice and self._nseg:
             self._dissolve_segments()
@@ -168,22 +173,27 @@ class Simulator(SegmentMixin, WeightsMixin):
             self.apply(decision)
             if not per_slice:
                 self._form_segments()
-            done = self._done if per_slice else self._finished
-            first: float | None = None
-            while True:
-                t = self._next_time()
-                if t == INF or t > until or (first is not None and t > first):
-                    break
-                self._process()
-                if first is None and done:
-                    first = self.now
-            if first is None and until < INF and self._next_time() > until:
-                self.now = max(self.now, until)
+            self._run_to_completion(self._done if per_slice else self._finished, until)
             self._sync_segments()  # the GMG shows the state at `now`; the segments go on
         finally:
             self.segments = seg
         self._weights_seen = self.gmg.mem_weights.tobytes()
         return self.take_outcome()
+
+    def _run_to_completion(self, done: list, until: float) -> None:
+        """Process events until `done` gets an entry (and every event at that instant), nothing
+        is left, or the clock would pass `until`."""
+        next_time, process = self._next_time, self._process
+        first: float | None = None
+        while True:
+            t = next_time()
+            if t == INF or t > until or (first is not None and t > first):
+                break
+            process()
+            if first is None and done:
+                first = self.now
+        if first is None and until < INF and next_time() > until:
+            self.now = max(self.now, until)
 
     def _notice_outside_changes(self) -> None:
         """A driver may load or evict weights through the GMG directly: forget cached residency
@@ -242,7 +252,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         done = self._done
         for _, first, g, starts, ends, *_ in self._done_chains:
             done += [SliceCompletion(first + i, g, s, e) for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
-        done.sort(key=lambda c: (c.end, c.slice_id))
+        if len(done) > 1:
+            done.sort(key=_completion_order)
         out = StepOutcome(self.now, tuple(done), tuple(self._finished), tuple(self._ooms))
         self._done, self._done_chains, self._finished, self._ooms = [], [], [], []
         return out
@@ -355,15 +366,17 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     # ==== event loop ===================================================================
     def _next_time(self) -> float:
-        h = self._heap
+        h, running, flows = self._heap, self._running, self.net.flows
         while h:
             t, prio, key, ver = h[0]
-            if prio == Prio.SLICE_END:
-                r = self._running.get(key)  # type: ignore[arg-type]
+            if prio == _SLICE_END:
+                r = running.get(key)  # type: ignore[arg-type]
                 if r is not None and r.version == ver:
                     return t
-            elif self.net.is_current(key, ver):  # type: ignore[arg-type]
-                return t
+            else:
+                f = flows.get(key)  # type: ignore[arg-type]
+                if f is not None and f.version == ver:
+                    return t
             heapq.heappop(h)
         return INF
 
@@ -371,26 +384,26 @@ class Simulator(SegmentMixin, WeightsMixin):
         ev = heapq.heappop(self._heap)
         self.now = ev[0]
         self._key = ev
-        self._stamp += 1
-        self.mem.stamp = self._stamp
+        self._stamp = self.mem.stamp = self._stamp + 1
         prio = ev[1]
-        if prio == Prio.SLICE_END:
+        if prio == _SLICE_END:
             new = self._on_slice_end(ev[2])  # type: ignore[arg-type]
-        elif prio == Prio.XFER_END:
+        elif prio == _XFER_END:
             new = self._on_xfer_end(ev[2])  # type: ignore[arg-type]
         else:
             new = self.net.join(ev[2], self.now)  # type: ignore[arg-type]
-        self._push(new)
+        if new or self._deferred:
+            self._push(new)
         if self.on_event is not None:
             self.on_event(self)
 
     def _push(self, events: list[Event]) -> None:
-        h = self._heap
+        h, push = self._heap, heapq.heappush
         for e in events:
-            heapq.heappush(h, e)
+            push(h, e)
         if self._deferred:
             for e in self._take_deferred():
-                heapq.heappush(h, e)
+                push(h, e)
 
     def _take_deferred(self) -> list[Event]:
         d, self._deferred = self._deferred, []
@@ -414,20 +427,28 @@ class Simulator(SegmentMixin, WeightsMixin):
         return self._finish_slice(s, run)
 
     def _finish_slice(self, s: int, run: Run) -> list[Event]:
+        # the hot path of per-slice simulation: lookups are hoisted and calls made only when
+        # there is something to do (every skipped call is a no-op in the general path)
         info, j, g = run.info, run.local, run.group
         devs = self._sh.devs[g]
-        self._occupy(devs, 1)
+        if self._nseg:
+            self._touch(devs)
+        free = self._free
+        for d in devs:
+            free[d] += 1
         self._release(s, info, j, g, devs)
         succ = info.gsuccs[j]
         newly, fin = self.gmg.finish_on(s, self.now, run.start, devs, info.key, succ)
         self._record(s, run)
-        ev = self._successors(s, info, j, g, succ, newly)
+        ev = self._successors(s, info, j, g, succ, newly) if succ else []
         if fin is not None:
             self._finished.append(fin)
             self.log.iterations.append((self._stamp, fin, self.now))
             if self._owner:
                 self._forget(fin)
-        return ev + self._dispatch()
+        if self._queue:
+            ev += self._dispatch()
+        return ev
 
     def _record(self, s: int, run: Run) -> None:
         self.op_events += run.info.nops[run.local]
@@ -449,35 +470,41 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _release(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> None:
         """Free what slice s held: intermediates, inputs whose last consumer it was, arrived inputs."""
         own = info.inter[j]
+        outputs = self._outputs
         for p in info.preds[j]:
             ps = info.base + p
-            out = self._outputs.get(ps)
+            out = outputs.get(ps)
             if out is None:
                 continue
             if out[2] > 1:
-                self._outputs[ps] = (out[0], out[1], out[2] - 1)
+                outputs[ps] = (out[0], out[1], out[2] - 1)
                 continue
-            del self._outputs[ps]
+            del outputs[ps]
             if out[0] == g:
                 own += out[1]
             else:
                 self._free_mem(self._devs(out[0]), out[1], ACT)
-        for bdevs, nbytes in self._inbound.pop(s, (0, ()))[1]:
-            self._free_mem(bdevs, nbytes, ACT)
+        if s in self._inbound:
+            for bdevs, nbytes in self._inbound.pop(s)[1]:
+                self._free_mem(bdevs, nbytes, ACT)
         if info.succs[j]:
-            self._outputs[s] = (g, info.out[j], len(info.succs[j]))
+            outputs[s] = (g, info.out[j], len(info.succs[j]))
         else:
             own += info.out[j]
-        self._free_mem(devs, own, ACT)
+        if own:
+            self._free_mem(devs, own, ACT)
 
     def _successors(self, s: int, info: IterInfo, j: int, g: int, succ: tuple[int, ...],
                     newly: list[int]) -> list[Event]:
         ev: list[Event] = []
+        group, m, reads = self.gmg.col("group"), self.gmg.mask, self._reads
         for x in succ:
-            gx = self._read_group(x)
+            if reads is not None and x not in reads:
+                reads[x] = self._stamp
+            gx = int(group[x & m])
             if gx >= 0 and gx != g:
                 ev += self._open_act(s, x, g, gx, info.out[j], info.tenant)
-                gx = int(self.gmg.col("group")[x & self.gmg.mask])  # an OOM may have unmapped it
+                gx = int(group[x & m])  # an OOM may have unmapped it
             if gx >= 0 and x in newly and x not in self._inbound:
                 # queued, not started here: it starts in the dispatch that ends this event, after
                 # every transfer this event opens (interference counts them)
@@ -494,33 +521,47 @@ class Simulator(SegmentMixin, WeightsMixin):
         while i < len(q):
             _, s, g, info = q[i]
             devs = self._devs(g)
-            self._touch(devs)
-            if all(free[d] > 0 for d in devs):
+            if self._nseg:
+                self._touch(devs)
+            for d in devs:
+                if free[d] <= 0:
+                    i += 1
+                    break
+            else:
                 del q[i]
                 ev += self._start(s, g, devs, info)
-            else:
-                i += 1
         return ev
 
     def _start(self, s: int, g: int, devs: tuple[int, ...], info: IterInfo) -> list[Event]:
         j = s - info.base
-        if not self._weights_ready(s, info, j, g, devs):
+        if self._wok.get((info.tenant, g)) != self._wver and not self._weights_ready(s, info, j, g, devs):
             return []
-        oom = self._alloc(devs, info.inter[j] + info.out[j], ACT, info.tenant)
+        now = self.now
+        if self._nseg:
+            self._touch(devs)
+        oom = self.mem.try_alloc(devs, info.inter[j] + info.out[j], ACT, now, info.tenant)
         if oom is not None:
             self._report(oom)
             return self._unplace(s)
-        timing = self._timing(info, g)
-        co = max(self.streams - self._free[d] for d in devs) if self.streams > 1 else 0
-        scale = self._scale(devs, co)
-        self._occupy(devs, -1)
-        self.gmg.start_on(s, self.now, devs)
-        self._ver += 1
-        run = Run(g, self.now, self.now + timing.slice_dur[j] * scale, info, j, timing, scale, co, self._ver)
+        timing = self._tcache.get((info.key, g))
+        if timing is None:
+            timing = self._timing(info, g)
+        free = self._free
+        if self.streams > 1:
+            co = max(self.streams - free[d] for d in devs)
+            scale = self._scale(devs, co)
+        else:  # _scale's answer when there is no other stream and no flow to interfere
+            co, p = 0, self.perturbation
+            scale = self._scale(devs, 0) if p is not None and p.interference and self.net.flows else 1.0
+        for d in devs:
+            free[d] -= 1
+        self.gmg.start_on(s, now, devs)
+        self._ver = ver = self._ver + 1
+        run = _new_run(Run, (g, now, now + timing.slice_dur[j] * scale, info, j, timing, scale, co, ver, None))
         self._running[s] = run
         if self.segments:
             return self._try_segment(s, run, devs)
-        return [(run.end, Prio.SLICE_END, s, run.version)]
+        return [(run.end, _SLICE_END, s, ver)]
 
     def _scale(self, devs: tuple[int, ...], co: int) -> float:
         scale = 1.0 + self.stream_slowdown * co if co else 1.0
@@ -768,6 +809,10 @@ class Simulator(SegmentMixin, WeightsMixin):
                      else (fl.start + fl.latency, Prio.XFER_JOIN, k, fl.version))
         heapq.heapify(h)
         return h
+
+
+def _completion_order(c: SliceCompletion) -> tuple[float, int]:
+    return c.end, c.slice_id
 
 
 def _seg_id(seg: Segment | None) -> tuple | None:

@@ -88,12 +88,19 @@ class MemoryLedger:
                 if self.record:
                     self.log.append((self.stamp, now, d, cat, nbytes, u))
             return None
-        for d in devices:
-            u = self.used(d)
+        use = [self.used(d) for d in devices]
+        for d, u in zip(devices, use):
             if u + nbytes > cap[d]:
                 return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
-        if nbytes:
-            self._apply(devices, nbytes, cat, now)
+        if nbytes:  # as `_apply` would, but without reading what is in use a second time
+            arr, peak = self.arrays[cat], self.peak_seen
+            for d, u in zip(devices, use):
+                arr[d] += nbytes
+                u += nbytes
+                if u > peak[d]:
+                    peak[d] = u
+                if self.record:
+                    self.log.append((self.stamp, now, d, cat, nbytes, u))
         return None
 
     def free(self, devices: Sequence[int], nbytes: float, cat: int, now: float) -> None:
