@@ -276,7 +276,10 @@ class ReplayDriver:
         self.sim.retire(key)
         self._charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
-            self._finish_drain(rs, t)
+            if rs.guest:
+                self._release_guest(rs, t)
+            else:
+                self._finish_drain(rs, t)
         return rs
 
     def _charge_kv(self, rs: ReplicaState, t: float) -> None:
@@ -358,21 +361,30 @@ class ReplayDriver:
                    and r.replica.devices == tuple(g.devices)), None)
         if rs is None:
             return []
+        homes = [h for h in self.replicas_of(g.tenant) if not h.guest]
+        if g.drain:  # no new requests; released when its running ones are done
+            rs.draining = True
+            for req in rs.engine.take_waiting(rs.engine.num_waiting):
+                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+            if rs.engine.has_work() or rs.engine.num_inflight:
+                return homes
         for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
             del self.inflight[key]
             self.sim.abort_iteration(key)
-        reqs = rs.engine.evict_all(now)
+        for req in rs.engine.evict_all(now):
+            min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+        self._release_guest(rs, now)
+        return homes + [owner for owner, _ in rs.lent]
+
+    def _release_guest(self, rs: ReplicaState, now: float) -> None:
+        """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""
         self._charge_kv(rs, now)
         self.replicas.remove(rs)
-        m = self.models[g.tenant]
+        m = self.models[rs.replica.tenant]
         self.sim.apply(SchedulerDecision(now, evictions=tuple(
-            WeightEviction(g.tenant, blk, d) for d in rs.replica.devices for blk in range(2 * m.layers + 2))))
+            WeightEviction(rs.replica.tenant, blk, d) for d in rs.replica.devices for blk in range(2 * m.layers + 2))))
         for owner, n in rs.lent:
             owner.engine.kv.reclaim(n)
-        homes = [h for h in self.replicas_of(g.tenant) if not h.guest]
-        for req in reqs:
-            min(homes, key=lambda h: h.load).engine.adopt(req, now)
-        return homes + [owner for owner, _ in rs.lent]
 
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:

@@ -84,11 +84,13 @@ class GuestStart:
 
 @dataclass(frozen=True, slots=True)
 class GuestStop:
-    """End the guest of `tenant` on `devices`: its requests move back to the tenant's own
-    replicas (recomputed), its KV and weights are freed and the lent memory returns."""
+    """End the guest of `tenant` on `devices`. With `drain`, it takes no new requests and is
+    released once its running ones finish; without, its requests move back to the tenant's own
+    replicas at once (recomputed). Then its KV and weights are freed and the lent memory returns."""
 
     tenant: str
     devices: tuple[int, ...]
+    drain: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,16 @@ Policy (first version), on top of `dedicated`:
   fabric, the idle owner lends unused KV-cache memory, and the tenant's queued requests move
   to the guest. A what-if fork of the simulator first checks the copy against the devices'
   predicted memory over the next `whatif_horizon_s` (no predicted OOM, room for the guest's KV).
-- Guest slices are placed lazily, `guest_run_slices` at a time. While the owner has no live
+- Guest slices are placed lazily, a few at a time (`guest_run_slices`, and no more than
+  `guest_run_s` of predicted time beyond the first). While the owner has no live
   iteration, they run freely (the owner waits at most one short run when its work returns).
   While the owner is busy, a run is slipped between its slices only if the owner iteration
   stays inside its SLA: a what-if fork predicts the owner iteration's duration once, and guest
   runs may add up to `owner_slack_frac` x TPOT SLO minus that prediction.
-- When the owner needs its device back (requests queued, KV filling, or load returning), the
-  guest stops: its requests return to the tenant's own replicas (recomputed), its memory is
-  freed. An idle guest whose tenant is no longer pressed is stopped too.
+- When the owner needs its memory back (its KV filling), the guest stops at once: its requests
+  return to the tenant's own replicas (recomputed). When the owner's load returns, the guest
+  drains instead: no new requests, released when its running ones finish (the owner keeps
+  priority meanwhile). A guest idle for `idle_release_s` while its tenant is calm is released.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class SliceScheduler(Scheduler):
     def __init__(self, models: dict[str, str] | None = None, *, check_interval_s: float = 0.05,
                  guest_run_slices: int = 4, overload_load: float = 16.0, kv_lend_frac: float = 0.7,
                  min_guest_kv_bytes: float = 4e9, owner_reclaim_load: int = 8, reclaim_kv_frac: float = 0.6,
-                 owner_slack_frac: float = 0.5, max_guests: int = 4,
+                 owner_slack_frac: float = 0.5, max_guests: int = 4, idle_release_s: float = 1.0,
+                 overload_waiting: int = 4, guest_run_s: float = 0.002, min_idle_share: float = 0.7,
+                 idle_window_s: float = 1.0,
                  whatif_horizon_s: float = 0.05, capacity_bytes: float = 80e9) -> None:
         self.models = models or {}
         self.check_interval_s = check_interval_s
@@ -53,6 +57,12 @@ class SliceScheduler(Scheduler):
         self.capacity_bytes = capacity_bytes
         self.owner_slack_frac = owner_slack_frac
         self.max_guests = max_guests  # guests per tenant; one more at most per check
+        self.idle_release_s = idle_release_s
+        self.overload_waiting = overload_waiting  # queued requests that mean overload
+        self.guest_run_s = guest_run_s
+        self.min_idle_share = min_idle_share  # hosts must have been this idle recently
+        self.idle_window_s = idle_window_s
+        self._last_busy: dict[tuple[str, tuple[int, ...]], float] = {}
         self._budget: dict[int, float] = {}  # owner iteration key -> guest seconds it may absorb
         self._guest_cost: dict[int, np.ndarray] = {}  # guest iteration key -> predicted slice seconds
         self._cost = None
@@ -83,8 +93,10 @@ class SliceScheduler(Scheduler):
             self._next_check = now + self.check_interval_s
             loads = self._view.replica_loads()
             self._guests = {r.group: r.tenant for r in loads if r.guest}
-            stops = self._stops(loads)
-            starts = self._starts(loads, stops)
+            stops = self._stops(loads, now)
+            starts = self._starts(loads, stops, self._idle_share(gmg, now))
+            for st in starts:  # its first iteration may arrive before the next refresh
+                self._guests[gmg.cluster.group_id(st.devices)] = st.tenant
         return SchedulerDecision(now, self._placements(gmg), guest_starts=starts, guest_stops=stops)
 
     def _placements(self, gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
@@ -103,11 +115,17 @@ class SliceScheduler(Scheduler):
         if guests:
             owners = self._owner_iterations(gmg)
             for s, home, it, local in guests:
-                run = min(self.guest_run_slices, it.graph.num_slices - local)
+                run = self._run_length(gmg, it, local)
                 keys = {k for d in gmg.cluster.group(home) for k in owners.get(d, ())}
                 if not keys or self._absorb(gmg, keys, it, local, run, out):
                     out.append(SlicePlacement(s, home, run))
         return tuple(out)
+
+    def _run_length(self, gmg: GlobalMappingGraph, it, local: int) -> int:
+        """Guest slices to place at once: at most `guest_run_slices` and, beyond the first, no
+        more than `guest_run_s` of predicted time (an owner arriving waits at most that long)."""
+        secs = self._guest_seconds(gmg, it)[local: local + self.guest_run_slices]
+        return max(1, int(np.searchsorted(np.cumsum(secs), self.guest_run_s, side="right")))
 
     def _owner_iterations(self, gmg: GlobalMappingGraph) -> dict[int, list[int]]:
         """Device -> keys of the live iterations of the device's own tenants (not guests)."""
@@ -176,33 +194,45 @@ class SliceScheduler(Scheduler):
         return secs
 
     # ---- guests (every check_interval_s) ---------------------------------------------------
-    def _stops(self, loads: tuple[ReplicaLoad, ...]) -> tuple[GuestStop, ...]:
+    def _stops(self, loads: tuple[ReplicaLoad, ...], now: float) -> tuple[GuestStop, ...]:
         owners = [r for r in loads if not r.guest]
         by_tenant = _home_pressure(loads)
         out = []
-        for g in (r for r in loads if r.guest):
+        for g in (r for r in loads if r.guest and not r.draining):
+            key = (g.tenant, g.devices)
+            if g.waiting + g.running or key not in self._last_busy:
+                self._last_busy[key] = now
             mine = [o for o in owners if set(o.devices) & set(g.devices)]
-            # A request waits a moment for the owner's next iteration anyway: only sustained load
-            # or memory pressure takes the device back.
-            owner_needs = any(o.waiting + o.running >= self.owner_reclaim_load
-                              or o.kv_used_frac >= self.reclaim_kv_frac for o in mine)
-            idle_and_unneeded = g.waiting + g.running == 0 and by_tenant.get(g.tenant, 0.0) < self.overload_load / 2
-            if owner_needs or idle_and_unneeded:
-                out.append(GuestStop(g.tenant, g.devices))
+            if any(o.kv_used_frac >= self.reclaim_kv_frac for o in mine):
+                out.append(GuestStop(g.tenant, g.devices))  # the owner needs its memory: now
+            elif any(o.waiting + o.running >= self.owner_reclaim_load for o in mine):
+                out.append(GuestStop(g.tenant, g.devices, drain=True))  # its load is back
+            elif (now - self._last_busy[key] >= self.idle_release_s
+                  and by_tenant.get(g.tenant, 0.0) < self.overload_load / 2):
+                out.append(GuestStop(g.tenant, g.devices, drain=True))
         return tuple(out)
 
-    def _starts(self, loads: tuple[ReplicaLoad, ...], stops: tuple[GuestStop, ...]) -> tuple[GuestStart, ...]:
+    def _idle_share(self, gmg: GlobalMappingGraph, now: float) -> np.ndarray:
+        """Share of the last `idle_window_s` each device spent idle (the GMG's busy log)."""
+        t0 = max(0.0, now - self.idle_window_s)
+        if now <= t0:
+            return np.ones(gmg.cluster.num_devices)
+        dev, s, e = gmg.idle_intervals_flat(t0, now)
+        return np.bincount(dev, weights=e - s, minlength=gmg.cluster.num_devices) / (now - t0)
+
+    def _starts(self, loads: tuple[ReplicaLoad, ...], stops: tuple[GuestStop, ...],
+                idle: np.ndarray) -> tuple[GuestStart, ...]:
         homes = [r for r in loads if not r.guest and not r.draining]
-        hosting = {d for r in loads if r.guest for d in r.devices}
+        hosting = {d for r in loads if r.guest for d in r.devices}  # draining guests still hold memory
         stopping = {(s.tenant, s.devices) for s in stops}
-        guests = _by_tenant([r for r in loads if r.guest and (r.tenant, r.devices) not in stopping])
+        guests = _by_tenant([r for r in loads if r.guest and not r.draining and (r.tenant, r.devices) not in stopping])
         taken: set[int] = set(hosting)
         out = []
         for tenant, reps in _by_tenant(homes).items():
             mine = guests.get(tenant, [])
             if len(mine) >= self.max_guests or not self._overloaded(reps + mine):
                 continue
-            start = self._pick_host(tenant, reps, homes, taken)
+            start = self._pick_host(tenant, reps, homes, taken, idle)
             if start is not None:
                 out.append(start)
                 taken.update(start.devices)
@@ -210,18 +240,19 @@ class SliceScheduler(Scheduler):
 
     def _overloaded(self, reps: list[ReplicaLoad]) -> bool:
         load = sum(r.waiting + r.running for r in reps) / len(reps)
-        return any(r.waiting > 0 or r.kv_used_frac > 0.9 for r in reps) or load >= self.overload_load
+        return any(r.waiting >= self.overload_waiting or r.kv_used_frac > 0.9 for r in reps) or load >= self.overload_load
 
     def _pick_host(self, tenant: str, reps: list[ReplicaLoad], homes: list[ReplicaLoad],
-                   taken: set[int]) -> GuestStart | None:
-        """The idle same-size container with the most lendable memory that a what-if clears."""
+                   taken: set[int], idle: np.ndarray) -> GuestStart | None:
+        """The idlest same-size container (recent idle share >= `min_idle_share`) with lendable
+        memory that a what-if clears."""
         if tenant not in self.models:
             return None
         tp = len(reps[0].devices)
         weights = float(block_weight_bytes(model_spec(self.models[tenant]), tp).sum())
         cands = [o for o in homes if o.tenant != tenant and len(o.devices) == tp and o.waiting + o.running == 0
-                 and taken.isdisjoint(o.devices)]
-        cands.sort(key=lambda o: -o.kv_free_bytes)
+                 and taken.isdisjoint(o.devices) and idle[list(o.devices)].min() >= self.min_idle_share]
+        cands.sort(key=lambda o: (-float(idle[list(o.devices)].min()), -o.kv_free_bytes))
         for host in cands:
             kv = host.kv_free_bytes * self.kv_lend_frac - weights
             if kv < self.min_guest_kv_bytes:
