@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import repeat
 
 import numpy as np
 
@@ -56,15 +57,19 @@ _FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_byte
 _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
              ("group", np.int32), ("home", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
 
+# written only when an iteration is added (never by a backend's state updates)
+_STATIC_COLS = frozenset(("flops", "weight_bytes", "out_bytes", "kv_bytes", "tenant", "iteration", "local", "home",
+                          "wb_lo", "wb_hi"))
+
 
 class _IntervalLog:
     """Append-only busy intervals of all devices, amortized O(1) append.
 
     `end_max` (running maximum of ends) lets a window query skip, by binary search, the whole
     history that ended before the window, whatever order backends report completions in.
-    Single intervals (one per device at every slice end, a simulator's hot loop) wait in a
-    Python list and reach the arrays at the next read or bulk extend: a list append costs a
-    fraction of the numpy scalar writes it replaces.
+    New intervals wait as (device, start, end) rows in a Python list and reach the arrays, in
+    order, at the next read: simulators append one to a few rows per event and rarely read, and
+    a list append costs a fraction of the numpy writes it replaces.
     """
 
     __slots__ = ("device", "start", "end", "end_max", "n", "_pending")
@@ -86,50 +91,31 @@ class _IntervalLog:
         for d in devices:
             p.append((d, s, e))
 
-    def _reserve(self, k: int) -> None:
-        if self.n + k > len(self.start):
-            size = max(2 * len(self.start), self.n + k)
-            for name in ("device", "start", "end", "end_max"):
-                setattr(self, name, np.resize(getattr(self, name), size))
+    def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
+        """Append intervals (s, e) for each of `devices`, device by device (a chain of slices
+        reported at once)."""
+        sl, el = s.tolist(), e.tolist()
+        p = self._pending
+        for d in devices:
+            p.extend(zip(repeat(d, len(sl)), sl, el))
 
     def flush(self) -> None:
-        """Move pending single intervals into the arrays (exact: floats are stored as given)."""
+        """Move pending rows into the arrays (exact: floats are stored as given)."""
         p = self._pending
         if not p:
             return
         self._pending = []
         rows = np.array(p, np.float64)  # device ids are small ints, exact as floats
         n, k = self.n, len(p)
-        self._reserve(k)
+        if n + k > len(self.start):
+            size = max(2 * len(self.start), n + k)
+            for name in ("device", "start", "end", "end_max"):
+                setattr(self, name, np.resize(getattr(self, name), size))
         prev = self.end_max[n - 1] if n else -np.inf
         self.device[n: n + k] = rows[:, 0]
         self.start[n: n + k], self.end[n: n + k] = rows[:, 1], rows[:, 2]
         np.maximum.accumulate(rows[:, 2], out=self.end_max[n: n + k])
         np.maximum(self.end_max[n: n + k], prev, out=self.end_max[n: n + k])
-        self.n = n + k
-
-    def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
-        """Append intervals (s, e) for each of `devices` (a chain of slices reported at once)."""
-        self.flush()
-        n, m = self.n, len(s)
-        if len(devices) == 1 and n + m <= len(self.start):  # the common case: plain slices
-            prev = self.end_max[n - 1] if n else -np.inf
-            self.device[n: n + m] = devices[0]
-            self.start[n: n + m], self.end[n: n + m] = s, e
-            np.maximum.accumulate(e, out=self.end_max[n: n + m])
-            np.maximum(self.end_max[n: n + m], prev, out=self.end_max[n: n + m])
-            self.n = n + m
-            return
-        k = m * len(devices)
-        self._reserve(k)
-        prev = self.end_max[n - 1] if n else -np.inf
-        rows = (len(devices), m)
-        self.device[n: n + k].reshape(rows)[:] = np.asarray(devices)[:, None]
-        self.start[n: n + k].reshape(rows)[:] = s
-        self.end[n: n + k].reshape(rows)[:] = e
-        run_max = np.maximum.accumulate(e)
-        self.end_max[n: n + m] = np.maximum(run_max, prev)  # later devices repeat the same ends
-        self.end_max[n + m: n + k] = max(prev, float(run_max[-1]))
         self.n = n + k
 
     def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -170,6 +156,7 @@ class GlobalMappingGraph:
     def _alloc_columns(self, cap: int) -> None:
         self._cols = {c: np.zeros(cap) for c in _FLOAT_COLS}
         self._cols.update({c: np.zeros(cap, dt) for c, dt in _INT_COLS})
+        self._static_shared = False
         self._mask = cap - 1
 
     def fork(self) -> "GlobalMappingGraph":
@@ -181,7 +168,10 @@ class GlobalMappingGraph:
         g.cluster, g.models, g.containers = self.cluster, self.models, self.containers
         g.tenants, g.tenant_index = self.tenants, self.tenant_index
         g._cap, g._mask = self._cap, self._mask
-        g._cols = {c: a.copy() for c, a in self._cols.items()}
+        # columns only `add_iteration` writes are shared until either side adds one (copy on write):
+        # most forks never do, and copying them was most of a fork's cost
+        g._cols = {c: a if c in _STATIC_COLS else a.copy() for c, a in self._cols.items()}
+        g._static_shared = self._static_shared = True
         g._next_id, g._next_key = self._next_id, self._next_key
         g.iterations = {k: _LiveIteration(it.graph, it.base, it.remaining, it.succ_ptr, it.succ_idx)
                         for k, it in self.iterations.items()}
@@ -208,6 +198,11 @@ class GlobalMappingGraph:
             self._cols[c][ids & self._mask] = arr[ids & old_mask]
         self._cap = cap
 
+    def _unshare_static(self) -> None:
+        for c in _STATIC_COLS:
+            self._cols[c] = self._cols[c].copy()
+        self._static_shared = False
+
     def col(self, name: str) -> np.ndarray:
         """Raw ring column; index with `ids & gmg.mask`. For hot loops that cannot pay a call."""
         return self._cols[name]
@@ -229,6 +224,8 @@ class GlobalMappingGraph:
         n = graph.num_slices
         if self._next_id + n - min((it.base for it in self.iterations.values()), default=self._next_id) > self._cap:
             self._grow(n)
+        if self._static_shared:
+            self._unshare_static()
         base, key = self._next_id, self._next_key
         self._next_id += n
         self._next_key += 1

@@ -98,5 +98,5 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
                     inter.tolist(), np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
                     np.maximum.reduceat(g.wblock, g.slice_first).tolist(), sh.chain, g.slice_count.tolist(),
-                    sh.chain_end, tuple(tuple(base + x for x in xs) for xs in sh.succs), sh.npreds, sh.nops_prefix,
+                    sh.chain_end, tuple([tuple([base + x for x in xs]) for xs in sh.succs]), sh.npreds, sh.nops_prefix,
                     inter + np.where(sh.has_pred, np.concatenate([[0.0], out[:-1]]), 0.0), inter + out)

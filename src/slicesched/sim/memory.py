@@ -63,7 +63,7 @@ class MemoryLedger:
         m.bind(gmg)
         m.cap, m.stamp, m.record, m.t0, m.log = self.cap, self.stamp, False, now, []
         m.kv = {t: list(v) for t, v in self.kv.items()}
-        m.initial = np.stack([a.copy() for a in m.arrays])
+        m.initial = np.stack(m.arrays)  # a copy
         m.peak_seen = m.initial.sum(0).tolist()
         return m
 
