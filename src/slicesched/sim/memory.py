@@ -34,8 +34,11 @@ LogRow = tuple[int, float, int, int, float, float]
 
 class MemoryLedger:
     """The simulator's view of device memory; its mutations go through here so the log is
-    complete. Bytes in use are read from the GMG counters each time (a driver may still load or
-    evict home weights through the GMG directly; those show in the totals, not as log rows)."""
+    complete. Weight bytes are read from the GMG counter each time (a driver may still load or
+    evict home weights through the GMG directly; those show in the totals, not as log rows); the
+    other three categories change only through here, so their per-device sum is kept as Python
+    floats (`rest`), which the hot path reads far more cheaply than three numpy scalars. Byte
+    counts are whole numbers, so the sums are exact in any order."""
 
     def __init__(self, gmg: GlobalMappingGraph, now: float = 0.0, record: bool = True) -> None:
         self.bind(gmg)
@@ -55,6 +58,8 @@ class MemoryLedger:
     def bind(self, gmg: GlobalMappingGraph) -> None:
         self.gmg = gmg
         self.arrays = (gmg.mem_weights, gmg.mem_kv, gmg.mem_act, gmg.mem_xfer)
+        self.weights = gmg.mem_weights
+        self.rest: list[float] = (gmg.mem_kv + gmg.mem_act + gmg.mem_xfer).tolist()
 
     def fork(self, gmg: GlobalMappingGraph, now: float) -> "MemoryLedger":
         """A copy bound to `gmg` (itself a fork of ours) that tracks peaks but keeps no log rows
@@ -68,8 +73,12 @@ class MemoryLedger:
         return m
 
     def used(self, d: int) -> float:
-        w, k, a, x = self.arrays
-        return float(w[d] + k[d] + a[d] + x[d])
+        return float(self.weights[d]) + self.rest[d]
+
+    def _add(self, d: int, cat: int, delta: float) -> None:
+        self.arrays[cat][d] += delta
+        if cat != WEIGHTS:
+            self.rest[d] += delta
 
     # ---- changes -----------------------------------------------------------------------
     def try_alloc(self, devices: Sequence[int], nbytes: float, cat: int, now: float, tenant: str) -> OOMEvent | None:
@@ -81,7 +90,7 @@ class MemoryLedger:
             if u + nbytes > cap[d]:
                 return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
             if nbytes:
-                self.arrays[cat][d] += nbytes
+                self._add(d, cat, nbytes)
                 u += nbytes
                 if u > self.peak_seen[d]:
                     self.peak_seen[d] = u
@@ -93,9 +102,9 @@ class MemoryLedger:
             if u + nbytes > cap[d]:
                 return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
         if nbytes:  # as `_apply` would, but without reading what is in use a second time
-            arr, peak = self.arrays[cat], self.peak_seen
+            peak = self.peak_seen
             for d, u in zip(devices, use):
-                arr[d] += nbytes
+                self._add(d, cat, nbytes)
                 u += nbytes
                 if u > peak[d]:
                     peak[d] = u
@@ -114,9 +123,9 @@ class MemoryLedger:
             self._apply(devices, nbytes, dst, now)
 
     def _apply(self, devices: Sequence[int], delta: float, cat: int, now: float) -> None:
-        arr, peak = self.arrays[cat], self.peak_seen
+        peak = self.peak_seen
         for d in devices:
-            arr[d] += delta
+            self._add(d, cat, delta)
             if self.record or delta > 0:
                 u = self.used(d)
                 if u > peak[d]:
@@ -131,10 +140,10 @@ class MemoryLedger:
             return
         rel = np.cumsum(deltas)
         total, top = float(rel[-1]), float(rel.max())
-        arr, peak = self.arrays[cat], self.peak_seen
+        peak = self.peak_seen
         for d in devices:
             u = self.used(d)
-            arr[d] += total
+            self._add(d, cat, total)
             if u + top > peak[d]:
                 peak[d] = u + top
             if self.record:
@@ -151,10 +160,10 @@ class MemoryLedger:
 
     def shift(self, devices: Sequence[int], total: float, top: float, cat: int) -> None:
         """`bulk` without log rows: every device changes by `total`, peaking `top` above its start."""
-        arr, peak = self.arrays[cat], self.peak_seen
+        peak = self.peak_seen
         for d in devices:
             u = self.used(d)
-            arr[d] += total
+            self._add(d, cat, total)
             if u + top > peak[d]:
                 peak[d] = u + top
 

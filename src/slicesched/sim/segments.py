@@ -84,11 +84,16 @@ class SegmentMixin:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, Prio.SLICE_END, s, run.version)]
-        if any(self._seg_on[d] is not None for d in devs):  # another stream's segment guards them
-            return plain
-        waiting = [q for q in self._queue if not set(devs).isdisjoint(self._devs(q[2]))]
-        if any(q[2] != g for q in waiting) or (self.streams > 1 and waiting):
-            return plain
+        seg_on = self._seg_on
+        for d in devs:
+            if seg_on[d] is not None:  # another stream's segment guards them
+                return plain
+        waiting = []
+        if self._queue:
+            mine = set(devs)
+            waiting = [q for q in self._queue if not mine.isdisjoint(self._devs(q[2]))]
+            if any(q[2] != g for q in waiting) or (self.streams > 1 and waiting):
+                return plain
         chains = [Chain(q[3], q[1] - q[3].base, self._timing(q[3], g), q[0], False) for q in waiting]
         chains.append(Chain(run.info, run.local, run.timing, run.start, True))
         lengths = [self._chain_steps(c, g, devs) for c in chains]
@@ -99,7 +104,8 @@ class SegmentMixin:
         seg = self._plan(run, g, tuple(chains), last)
         if seg is None:
             return plain
-        self._queue[:] = [q for q in self._queue if q not in waiting]
+        if waiting:
+            self._queue[:] = [q for q in self._queue if q not in waiting]
         if self._soft is not None:
             self._note_soft_reads(seg)
         key = int(seg.ids[-1])
@@ -137,16 +143,21 @@ class SegmentMixin:
         if not (dur > 0).all():
             return None  # zero-length steps would tie with each other; keep them per-slice
         steps = np.empty(2 * last)
-        steps[0::2], steps[1::2] = -free[:last], alloc[1: last + 1]
+        np.negative(free[:last], out=steps[0::2])
+        steps[1::2] = alloc[1: last + 1]
         traj = np.cumsum(steps)
-        last = self._memory_reach(last, traj, self._devs(g))
+        top = np.maximum.accumulate(traj)
+        last = self._memory_reach(last, top, devs)
         if last == 0:
             return None
-        ends = np.cumsum(np.concatenate([[run.end], dur[1: last + 1]]))  # step 0 ends where it was due
-        starts = np.concatenate([[run.start], ends[:-1]])
-        cut, traj = slice(0, last + 1), traj[: 2 * last]
-        return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1], traj,
-                       np.maximum.accumulate(traj), scale, co)
+        ends = dur[: last + 1].copy()
+        ends[0] = run.end  # step 0 ends where it was due
+        np.cumsum(ends, out=ends)
+        starts = np.empty(last + 1)
+        starts[0], starts[1:] = run.start, ends[:-1]
+        cut = slice(0, last + 1)
+        return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1],
+                       traj[: 2 * last], top[: 2 * last], scale, co)
 
     def _note_soft_reads(self: Any, seg: Segment) -> None:
         """A segment relied on the mapping of each step's chain successor; per-slice events would
@@ -166,10 +177,14 @@ class SegmentMixin:
     def _group_reach(self: Any, info: "IterInfo", j: int, g: int) -> int:
         """Last slice m >= j such that j+1..m continue j's chain on group g."""
         cap = info.chain_end[j]
-        ids = np.arange(info.base + j + 1, info.base + cap + 1)
-        groups = self.gmg.col("group")[ids & self.gmg.mask]
-        bad = np.flatnonzero(groups != g)
-        return cap if len(bad) == 0 else j + int(bad[0])
+        if cap == j:
+            return j
+        m = self.gmg.mask
+        lo, hi = (info.base + j + 1) & m, (info.base + cap) & m
+        col = self.gmg.col("group")
+        groups = col[lo: hi + 1] if lo <= hi else col[np.arange(info.base + j + 1, info.base + cap + 1) & m]
+        bad = groups != g
+        return j + int(bad.argmax()) if bad.any() else cap
 
     def _weights_reach(self: Any, info: "IterInfo", j: int, m: int, g: int, devs: tuple[int, ...]) -> int:
         if self._wok.get((info.tenant, g)) == self._wver:
@@ -180,12 +195,14 @@ class SegmentMixin:
                 return i - 1
         return m
 
-    def _memory_reach(self: Any, last: int, traj: np.ndarray, devs: tuple[int, ...]) -> int:
+    def _memory_reach(self: Any, last: int, top: np.ndarray, devs: tuple[int, ...]) -> int:
         """Last step of 0..last whose start allocation fits, given the devices' use right now (all
-        devices of the group see the same changes, so the tightest one decides)."""
-        room = min(self.mem.cap[d] - self.mem.used(d) for d in devs)
-        over = np.flatnonzero(traj[1::2] > room)
-        return int(over[0]) if len(over) else last
+        devices of the group see the same changes, so the tightest one decides). `top` is the
+        running maximum of the use trajectory: the first step whose allocation overflows is the
+        first whose running maximum does (frees only lower the use, and room is never negative)."""
+        mem = self.mem
+        room = min(mem.cap[d] - mem.used(d) for d in devs)
+        return min(int(np.searchsorted(top[1::2], room, side="right")), last)
 
     # ---- splitting -----------------------------------------------------------------------
     def _touch(self: Any, devs: tuple[int, ...]) -> None:
