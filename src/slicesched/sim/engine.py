@@ -770,6 +770,20 @@ class Simulator(SegmentMixin, WeightsMixin):
                 tuple(sorted(self._inbound.items())), tuple(sorted(self._wwait.items())), flows, mem,
                 tuple(self.gmg.ready_slices().tolist()), tuple(self._free), self._wver)
 
+    def _same_state(self, d: tuple) -> bool:
+        """`self.digest() == d`, comparing the cheapest parts first and stopping at the first
+        difference (the incremental re-simulation asks after every event, and states differ
+        most of the time)."""
+        return (self._wver == d[9] and tuple(self._free) == d[8] and len(self._running) == len(d[0])
+                and tuple(q[:3] for q in self._queue) == d[1]
+                and tuple(sorted(self._outputs.items())) == d[2]
+                and tuple(sorted(self._inbound.items())) == d[3]
+                and tuple(sorted(self._wwait.items())) == d[4]
+                and tuple(np.concatenate(self.mem.arrays).tolist()) == d[6]
+                and tuple(self.gmg.ready_slices().tolist()) == d[7]
+                and tuple(sorted(f.state() for f in self.net.flows.values())) == d[5]
+                and self.digest()[0] == d[0])
+
     # ==== copies =======================================================================
     def _copy(self, keep_log: bool, retime: bool, segments: bool) -> "Simulator":
         """A full, independent copy of the state (a fork, or a checkpoint when keep_log)."""

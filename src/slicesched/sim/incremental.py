@@ -34,6 +34,7 @@ from slicesched.sim.engine import Simulator
 from slicesched.sim.prediction import Prediction, RunLog, build_prediction
 
 _NEVER = 1 << 62
+_DONE = int(SliceState.DONE)
 
 
 class Incremental:
@@ -125,13 +126,16 @@ class Incremental:
 
     def _resume(self, run: Simulator, upto: int, changed: range) -> Prediction:
         state, m = run.gmg.col("state"), run.gmg.mask
+        unsettled = list(changed)  # changed slices not yet done with their outputs freed
         while run._next_time() <= self.t1:
             run._process()
             i = bisect.bisect_right(self._keys, run._key[:3]) - 1
             if i < 0 or self._stamps[i] <= upto:
                 continue
-            if all(state[x & m] == SliceState.DONE and x not in run._outputs for x in reversed(changed)) \
-                    and run.digest() == self._digests[i]:
+            # a slice once done with its output freed stays so: drop settled ones from the end
+            while unsettled and state[unsettled[-1] & m] == _DONE and unsettled[-1] not in run._outputs:
+                unsettled.pop()
+            if not unsettled and run._same_state(self._digests[i]):
                 after = self._stamps[i]
                 log = self._base.log.spliced(upto, run.log, after)
                 return self._build(log, self._base.tail(), self._peak(upto, run, after))
