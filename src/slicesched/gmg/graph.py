@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import repeat
 
 import numpy as np
 
@@ -67,9 +66,9 @@ class _IntervalLog:
 
     `end_max` (running maximum of ends) lets a window query skip, by binary search, the whole
     history that ended before the window, whatever order backends report completions in.
-    New intervals wait as (device, start, end) rows in a Python list and reach the arrays, in
-    order, at the next read: simulators append one to a few rows per event and rarely read, and
-    a list append costs a fraction of the numpy writes it replaces.
+    New intervals wait in a Python list as (devices, start(s), end(s)) and reach the arrays, in
+    order, at the next read: simulators append at every event and rarely read, and one list
+    append costs a fraction of the numpy writes it replaces.
     """
 
     __slots__ = ("device", "start", "end", "end_max", "n", "_pending")
@@ -80,41 +79,50 @@ class _IntervalLog:
         self.end = np.empty(size)
         self.end_max = np.empty(size)
         self.n = 0
-        self._pending: list[tuple[int, float, float]] = []
+        self._pending: list[tuple] = []
 
     def append(self, device: int, s: float, e: float) -> None:
-        self._pending.append((device, s, e))
+        self._pending.append(((device,), s, e))
 
     def add(self, devices: tuple[int, ...], s: float, e: float) -> None:
         """Append (s, e) for each of `devices` (one slice ended)."""
-        p = self._pending
-        for d in devices:
-            p.append((d, s, e))
+        self._pending.append((devices, s, e))
 
     def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
         """Append intervals (s, e) for each of `devices`, device by device (a chain of slices
-        reported at once)."""
-        sl, el = s.tolist(), e.tolist()
-        p = self._pending
-        for d in devices:
-            p.extend(zip(repeat(d, len(sl)), sl, el))
+        reported at once). The arrays are kept as given: callers never write to them later."""
+        self._pending.append((devices, s, e))
+        if len(self._pending) > 4096:  # bounded: the arrays held may be views of larger ones
+            self.flush()
 
     def flush(self) -> None:
-        """Move pending rows into the arrays (exact: floats are stored as given)."""
+        """Move pending intervals into the arrays, in order (exact: floats are stored as given)."""
         p = self._pending
         if not p:
             return
         self._pending = []
-        rows = np.array(p, np.float64)  # device ids are small ints, exact as floats
-        n, k = self.n, len(p)
+        parts, rows = [], []
+        for devices, s, e in p:
+            if isinstance(s, np.ndarray):
+                if rows:
+                    parts.append(np.array(rows, np.float64).T)
+                    rows = []
+                k = len(devices)
+                parts.append(np.stack([np.repeat(np.asarray(devices, np.float64), len(s)), np.tile(s, k), np.tile(e, k)]))
+            else:
+                rows.extend((d, s, e) for d in devices)
+        if rows:
+            parts.append(np.array(rows, np.float64).T)
+        new = np.concatenate(parts, axis=1)  # [3, k]: device, start, end (device ids are exact as floats)
+        n, k = self.n, new.shape[1]
         if n + k > len(self.start):
             size = max(2 * len(self.start), n + k)
             for name in ("device", "start", "end", "end_max"):
                 setattr(self, name, np.resize(getattr(self, name), size))
         prev = self.end_max[n - 1] if n else -np.inf
-        self.device[n: n + k] = rows[:, 0]
-        self.start[n: n + k], self.end[n: n + k] = rows[:, 1], rows[:, 2]
-        np.maximum.accumulate(rows[:, 2], out=self.end_max[n: n + k])
+        self.device[n: n + k] = new[0]
+        self.start[n: n + k], self.end[n: n + k] = new[1], new[2]
+        np.maximum.accumulate(new[2], out=self.end_max[n: n + k])
         np.maximum(self.end_max[n: n + k], prev, out=self.end_max[n: n + k])
         self.n = n + k
 

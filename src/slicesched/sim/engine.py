@@ -325,12 +325,13 @@ class Simulator(SegmentMixin, WeightsMixin):
     def fork(self) -> "Simulator":
         """An independent copy that predicts from the cost model alone (no perturbation; running
         slices re-timed to their predicted ends) and runs chains as segments."""
-        f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True)
         key = (self._stamp, self._ver, self.gmg.mem_weights.tobytes())
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
+            f = self._copy(keep_log=False, retime=False, segments=True, running=False)
             f._running, f._seg_on, f._nseg, f._queue, f._heap = dict(tpl[1]), list(tpl[2]), tpl[3], list(tpl[4]), list(tpl[5])
         else:
+            f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True)
             f._form_segments()
             self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
         return f
@@ -785,8 +786,9 @@ class Simulator(SegmentMixin, WeightsMixin):
                 and self.digest()[0] == d[0])
 
     # ==== copies =======================================================================
-    def _copy(self, keep_log: bool, retime: bool, segments: bool) -> "Simulator":
-        """A full, independent copy of the state (a fork, or a checkpoint when keep_log)."""
+    def _copy(self, keep_log: bool, retime: bool, segments: bool, running: bool = True) -> "Simulator":
+        """A full, independent copy of the state (a fork, or a checkpoint when keep_log); without
+        `running`, the caller sets the running slices and the heap itself."""
         f = Simulator.__new__(Simulator)
         f._sh, f.gmg = self._sh, self.gmg.fork()
         f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown
@@ -805,8 +807,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._reads, f._soft, f.on_event = None, None, None
         f._init_outputs()
         f._tracked = dict(self._tracked)
-        f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)
-        f._heap = f._rebuild_heap()
+        if running:
+            f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)
+            f._heap = f._rebuild_heap()
         return f
 
     def _retimed(self, r: Run) -> Run:

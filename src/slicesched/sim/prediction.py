@@ -113,12 +113,15 @@ def _idle(cluster: Cluster, busy: list[tuple[int, float, float]], t0: float,
     per: list[list[tuple[float, float]]] = [[] for _ in range(cluster.num_devices)]
     for g, a, b in busy:
         if b > t0 and a < t1:
+            span = (max(a, t0), min(b, t1))
             for d in cluster.group(int(g)):
-                per[d].append((max(a, t0), min(b, t1)))
-    out = []
+                per[d].append(span)
+    starts: list[float] = []
+    ends: list[float] = []
+    cuts = [0]
     for spans in per:
         spans.sort()
-        starts, ends, cur = [], [], t0
+        cur = t0
         for a, b in spans:
             if a > cur:
                 starts.append(cur)
@@ -127,8 +130,10 @@ def _idle(cluster: Cluster, busy: list[tuple[int, float, float]], t0: float,
         if cur < t1:
             starts.append(cur)
             ends.append(t1)
-        out.append((_ro(np.array(starts)), _ro(np.array(ends))))
-    return tuple(out)
+        cuts.append(len(starts))
+    # one array each, handed out as per-device views (views of a read-only array are read-only)
+    s_all, e_all = _ro(np.array(starts, np.float64)), _ro(np.array(ends, np.float64))
+    return tuple((s_all[a:b], e_all[a:b]) for a, b in zip(cuts, cuts[1:]))
 
 
 def _ro(a: np.ndarray) -> np.ndarray:
