@@ -21,3 +21,32 @@ def shared_traces() -> Path:
     if not p.is_dir():
         pytest.skip(f"shared traces not found at {p}")
     return p
+
+
+#: Two small tenants on two devices: a replay of it takes a second or two.
+TINY_SCENARIO = """\
+name = "tiny"
+[cluster]
+devices_per_node = 2
+[[tenants]]
+name = "a"
+model = "qwen2.5-1.5b"
+[[tenants]]
+name = "b"
+model = "qwen2.5-1.5b"
+[[streams]]
+source = "synthetic"
+tenants = ["a", "b"]
+rate = 4.0
+prompt_mean = 256
+output_mean = 16
+[replay]
+duration_s = 2
+drain_s = 10
+schedulers = ["dedicated", "temporal-mux"]
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_scenario_toml() -> str:
+    return TINY_SCENARIO

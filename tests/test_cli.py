@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import textwrap
 
 import pandas as pd
 import pytest
@@ -13,32 +12,12 @@ from slicesched.cli import app
 
 runner = CliRunner()
 
-TINY = textwrap.dedent("""\
-    name = "tiny"
-    [cluster]
-    devices_per_node = 2
-    [[tenants]]
-    name = "a"
-    model = "qwen2.5-1.5b"
-    [[tenants]]
-    name = "b"
-    model = "qwen2.5-1.5b"
-    [[streams]]
-    source = "synthetic"
-    tenants = ["a", "b"]
-    rate = 4.0
-    prompt_mean = 256
-    output_mean = 16
-    [replay]
-    duration_s = 2
-    drain_s = 10
-    schedulers = ["dedicated", "temporal-mux"]
-    """)
 
 
-def test_replay_writes_table_metrics_plots_and_trace(tmp_path):
+
+def test_replay_writes_table_metrics_plots_and_trace(tmp_path, tiny_scenario_toml):
     sc = tmp_path / "tiny.toml"
-    sc.write_text(TINY)
+    sc.write_text(tiny_scenario_toml)
     out = tmp_path / "out"
     r = runner.invoke(app, ["replay", str(sc), "--out", str(out), "--jobs", "1"])
     assert r.exit_code == 0, r.output
@@ -50,20 +29,20 @@ def test_replay_writes_table_metrics_plots_and_trace(tmp_path):
     assert json.loads((out / "trace.perfetto.json").read_text())["traceEvents"]
 
 
-def test_misspelled_scenario_field_is_one_line_exit_2(tmp_path):
+def test_misspelled_scenario_field_is_one_line_exit_2(tmp_path, tiny_scenario_toml):
     sc = tmp_path / "bad.toml"
-    sc.write_text(TINY.replace('model = "qwen2.5-1.5b"\n[[tenants]]', 'modle = "qwen2.5-1.5b"\n[[tenants]]', 1))
+    sc.write_text(tiny_scenario_toml.replace('model = "qwen2.5-1.5b"\n[[tenants]]', 'modle = "qwen2.5-1.5b"\n[[tenants]]', 1))
     r = subprocess.run([sys.executable, "-m", "slicesched.cli", "replay", str(sc)], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == f"error: {sc}:6: field 'tenants[0].modle': unknown field (did you mean 'model'?)"
     assert "Traceback" not in r.stderr
 
 
-def test_malformed_trace_row_names_file_line_field(tmp_path):
+def test_malformed_trace_row_names_file_line_field(tmp_path, tiny_scenario_toml):
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.1,100,10\n0.2,abc,10\n")
     sc = tmp_path / "s.toml"
-    sc.write_text(TINY.replace('source = "synthetic"', f'source = "trace"\npath = "{trace}"\nformat = "csv"')
+    sc.write_text(tiny_scenario_toml.replace('source = "synthetic"', f'source = "trace"\npath = "{trace}"\nformat = "csv"')
                   .replace("rate = 4.0\nprompt_mean = 256\noutput_mean = 16\n", ""))
     r = runner.invoke(app, ["replay", str(sc), "--jobs", "1", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2
@@ -71,9 +50,9 @@ def test_malformed_trace_row_names_file_line_field(tmp_path):
     assert not (tmp_path / "o").exists()  # nothing half-written
 
 
-def test_unknown_scheduler_is_an_input_error(tmp_path):
+def test_unknown_scheduler_is_an_input_error(tmp_path, tiny_scenario_toml):
     sc = tmp_path / "tiny.toml"
-    sc.write_text(TINY)
+    sc.write_text(tiny_scenario_toml)
     r = runner.invoke(app, ["replay", str(sc), "-s", "fastest"])
     assert r.exit_code == 2 and "unknown scheduler 'fastest'" in r.output
 
