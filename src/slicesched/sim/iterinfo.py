@@ -38,6 +38,8 @@ class IterInfo:
     nops_prefix: list[int]  # [n + 1] running sum of nops
     step_free: np.ndarray  # [n] bytes freed when slice j ends inside a chain: intermediates + input
     step_alloc: np.ndarray  # [n] bytes allocated when slice j starts: intermediates + output
+    ids: np.ndarray  # int64 [n] global ids (a segment of one chain takes a view)
+    steps: np.ndarray  # [2n - 2] memory change of a chain: -step_free[0], step_alloc[1], -step_free[1], ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +97,13 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
     out = g.out_bytes[last]
     base = it.base
+    step_free = inter + np.where(sh.has_pred, np.concatenate([[0.0], out[:-1]]), 0.0)
+    step_alloc = inter + out
+    steps = np.empty(2 * max(g.num_slices - 1, 0))
+    np.negative(step_free[:-1], out=steps[0::2])
+    steps[1::2] = step_alloc[1:]
     return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
                     inter.tolist(), np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
                     np.maximum.reduceat(g.wblock, g.slice_first).tolist(), sh.chain, g.slice_count.tolist(),
                     sh.chain_end, tuple([tuple([base + x for x in xs]) for xs in sh.succs]), sh.npreds, sh.nops_prefix,
-                    inter + np.where(sh.has_pred, np.concatenate([[0.0], out[:-1]]), 0.0), inter + out)
+                    step_free, step_alloc, np.arange(base, base + g.num_slices), steps)

@@ -125,14 +125,17 @@ class SegmentMixin:
 
     def _plan(self: Any, run: "Run", g: int, chains: tuple[Chain, ...], last: int) -> Segment | None:
         k, n = len(chains), last + 1
-        if k == 1:  # one chain: its next n slices, plain slices of the per-slice arrays
+        if k == 1:  # one chain: its next n slices, views of the per-iteration arrays
             c = chains[0]
             j = slice(c.first, c.first + n)
-            chain_of = np.zeros(n, np.int64)
-            ids = np.arange(c.info.base + c.first, c.info.base + c.first + n)
+            chain_of = _zeros(n)
+            ids, steps = c.info.ids[j], c.info.steps[2 * c.first: 2 * (c.first + last)]
             dur, free, alloc = c.timing.slice_arr[j], c.info.step_free[j], c.info.step_alloc[j]
         else:
             chain_of, ids, dur, free, alloc = _interleave(chains, n)
+            steps = np.empty(2 * last)
+            np.negative(free[:last], out=steps[0::2])
+            steps[1::2] = alloc[1: last + 1]
         devs = self._devs(g)
         # steps 1..N start when the step before ends; until then nothing on these devices can
         # change without splitting the segment, so their slowdown is the one seen right now
@@ -142,10 +145,7 @@ class SegmentMixin:
             dur = dur * scale
         if not (dur > 0).all():
             return None  # zero-length steps would tie with each other; keep them per-slice
-        steps = np.empty(2 * last)
-        np.negative(free[:last], out=steps[0::2])
-        steps[1::2] = alloc[1: last + 1]
-        traj = np.cumsum(steps)
+        traj = np.cumsum(steps)  # bytes in use relative to the start, after each free and alloc
         top = np.maximum.accumulate(traj)
         last = self._memory_reach(last, top, devs)
         if last == 0:
@@ -360,6 +360,18 @@ class SegmentMixin:
             if run.seg is not None and (((run.seg.ids >= lo - 1) & (run.seg.ids <= hi)).any()
                                         or any(lo <= c.info.base + c.first <= hi for c in run.seg.chains)):
                 self._split(key, run)
+
+
+_ZEROS = np.zeros(0, np.int64)
+
+
+def _zeros(n: int) -> np.ndarray:
+    """A read-only int64 zero vector of length n (a view of one shared array: segments only read it)."""
+    global _ZEROS
+    if len(_ZEROS) < n:
+        _ZEROS = np.zeros(max(n, 2 * len(_ZEROS), 1024), np.int64)
+        _ZEROS.flags.writeable = False
+    return _ZEROS[:n]
 
 
 def _interleave(chains: tuple[Chain, ...], n: int) -> tuple[np.ndarray, ...]:
