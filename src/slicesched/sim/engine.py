@@ -459,11 +459,12 @@ class Simulator(SegmentMixin, WeightsMixin):
                                     run.scale, run.timing))
             self.log.busy.append((self._stamp, run.group, run.start, self.now))
 
-    def _record_chain(self, run: Run, first: int, starts: np.ndarray, ends: np.ndarray) -> None:
+    def _record_chain(self, info: IterInfo, timing: SliceTiming, group: int, scale: float, first: int,
+                      starts: np.ndarray, ends: np.ndarray) -> None:
         """Record chain steps written out at once (see segments.py)."""
-        info, j = run.info, first - run.info.base
+        j = first - info.base
         self.op_events += info.nops_prefix[j + len(starts)] - info.nops_prefix[j]
-        row = (self._stamp, first, run.group, starts, ends, info.key, j, run.scale, run.timing)
+        row = (self._stamp, first, group, starts, ends, info.key, j, scale, timing)
         self._done_chains.append(row)
         if self.record:
             self.log.chains.append(row)

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from slicesched.sim.iterinfo import IterInfo
 
 
-@dataclass(frozen=True, slots=True)
+# Chain and Segment are values (never changed after construction); they are not `frozen` because
+# a frozen dataclass's __init__ costs several times more, and segments are made at every chain step.
+@dataclass(slots=True)
 class Chain:
     """One chain taking turns in a segment."""
 
@@ -49,7 +51,7 @@ class Chain:
     started: bool  # its first slice had already started when the segment formed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Segment:
     """Steps 0..N on one group, in execution order; step 0 is the slice that formed it."""
 
@@ -227,10 +229,9 @@ class SegmentMixin:
         self._write_steps(run, seg, c, devs, requeue=True)
         chain = seg.chains[int(seg.chain_of[c])]
         self._ver += 1
-        later = {"scale": seg.scale, "co": seg.co} if c else {}
-        cur = run._replace(start=float(seg.starts[c]), end=float(seg.ends[c]), info=chain.info,
-                           local=int(seg.ids[c]) - chain.info.base, timing=chain.timing, version=self._ver, seg=None,
-                           **later)
+        scale, co = (seg.scale, seg.co) if c else (run.scale, run.co)
+        cur = tuple.__new__(type(run), (run.group, float(seg.starts[c]), float(seg.ends[c]), chain.info,
+                                        int(seg.ids[c]) - chain.info.base, chain.timing, scale, co, self._ver, None))
         for d in devs:
             self._seg_on[d] = None
         self._nseg -= 1
@@ -301,7 +302,7 @@ class SegmentMixin:
             if info.preds[chain.first]:
                 self._outputs.pop(first - 1, None)
             self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
-            self._record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
+            self._record_chain(info, chain.timing, seg.group, run.scale, first, starts, ends)
         if idx[-1] == c:
             if n:
                 self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
@@ -321,7 +322,7 @@ class SegmentMixin:
             if info.preds[chain.first]:
                 self._outputs.pop(first - 1, None)
             self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
-            self._record_chain(run._replace(info=info, timing=chain.timing), first, starts, ends)
+            self._record_chain(info, chain.timing, seg.group, run.scale, first, starts, ends)
             self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
         return Chain(chain.info, chain.first + c, chain.timing, chain.since, True)
 
