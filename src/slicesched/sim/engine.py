@@ -493,8 +493,8 @@ class Simulator(SegmentMixin, WeightsMixin):
             outputs[s] = (g, info.out[j], len(info.succs[j]))
         else:
             own += info.out[j]
-        if own:
-            self._free_mem(devs, own, ACT)
+        if own:  # `_free_mem` without the segment check `_finish_slice` already made
+            self.mem._apply(devs, -own, ACT, self.now)
 
     def _successors(self, s: int, info: IterInfo, j: int, g: int, succ: tuple[int, ...],
                     newly: list[int]) -> list[Event]:

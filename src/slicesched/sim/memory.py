@@ -83,14 +83,16 @@ class MemoryLedger:
     # ---- changes -----------------------------------------------------------------------
     def try_alloc(self, devices: Sequence[int], nbytes: float, cat: int, now: float, tenant: str) -> OOMEvent | None:
         """Allocate `nbytes` on every device, or on none and say which device would overflow."""
-        cap = self.cap
+        cap, rest = self.cap, self.rest
         if len(devices) == 1:  # the common case, without a second read of what is in use
             d = devices[0]
-            u = self.used(d)
+            u = float(self.weights[d]) + rest[d]
             if u + nbytes > cap[d]:
                 return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
             if nbytes:
-                self._add(d, cat, nbytes)
+                self.arrays[cat][d] += nbytes  # `_add`, inline on the hot path
+                if cat != WEIGHTS:
+                    rest[d] += nbytes
                 u += nbytes
                 if u > self.peak_seen[d]:
                     self.peak_seen[d] = u
@@ -123,9 +125,11 @@ class MemoryLedger:
             self._apply(devices, nbytes, dst, now)
 
     def _apply(self, devices: Sequence[int], delta: float, cat: int, now: float) -> None:
-        peak = self.peak_seen
+        peak, arr, rest = self.peak_seen, self.arrays[cat], self.rest
         for d in devices:
-            self._add(d, cat, delta)
+            arr[d] += delta  # `_add`, inline on the hot path
+            if cat != WEIGHTS:
+                rest[d] += delta
             if self.record or delta > 0:
                 u = self.used(d)
                 if u > peak[d]:
