@@ -62,7 +62,7 @@ def main() -> None:
 
     print(f"gmg_add_iteration_us: {median_us(add_and_retire):.1f} us")
     busy = busy_cluster()
-    now = float(busy.busy.end_max[busy.busy.n - 1])
+    now = float(busy.busy.since(-np.inf)[2].max())
     horizon = (now - 0.1, now + 0.1)  # what a scheduler asks: recent past and near future
     print(f"gmg_idle_query_us: {median_us(lambda: busy.idle_intervals(*horizon), repeats=100):.1f} us")
     gaps = sum(len(s) for s, _ in busy.idle_intervals(*horizon))

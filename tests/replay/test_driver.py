@@ -55,6 +55,8 @@ def test_single_request_latency_matches_hand_computed_cost():
     assert req.ttft_s == pytest.approx(prefill, rel=1e-9)
     assert req.e2e_s == pytest.approx(prefill + sum(decodes), rel=1e-9)
     assert req.tpot_s == pytest.approx(sum(decodes) / (output - 1), rel=1e-9)
+    busy = res.busy[0]
+    assert (busy[:, 1] - busy[:, 0]).sum() == pytest.approx(prefill + sum(decodes), rel=1e-9)
 
 
 def test_every_request_finishes_and_kv_is_released():

@@ -436,8 +436,7 @@ class ReplayDriver:
     def _result(self, wall_s: float) -> RunResult:
         ends = [r.finish_s for r in self.requests if r.finish_s is not None]
         makespan = max([self.sim.now, *ends]) if ends else max(self.sim.now, 1e-9)
-        log = self.gmg.busy
-        dev, s, e = log.device[: log.n], log.start[: log.n], log.end[: log.n]
+        dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
                          self.rejected, self.guests_started)

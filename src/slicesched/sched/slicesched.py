@@ -250,15 +250,16 @@ class SliceScheduler(Scheduler):
             return None
         tp = len(reps[0].devices)
         weights = float(block_weight_bytes(model_spec(self.models[tenant]), tp).sum())
-        cands = [o for o in homes if o.tenant != tenant and len(o.devices) == tp and o.waiting + o.running == 0
-                 and taken.isdisjoint(o.devices) and idle[list(o.devices)].min() >= self.min_idle_share]
-        cands.sort(key=lambda o: (-float(idle[list(o.devices)].min()), -o.kv_free_bytes))
+        # A guest of tp devices fits on the first tp devices of any idle container at least as large.
+        cands = [o for o in homes if o.tenant != tenant and len(o.devices) >= tp and o.waiting + o.running == 0
+                 and taken.isdisjoint(o.devices) and idle[list(o.devices[:tp])].min() >= self.min_idle_share]
+        cands.sort(key=lambda o: (-float(idle[list(o.devices[:tp])].min()), len(o.devices), -o.kv_free_bytes))
         for host in cands:
             kv = host.kv_free_bytes * self.kv_lend_frac - weights
             if kv < self.min_guest_kv_bytes:
                 continue
             src = max(reps, key=lambda r: r.waiting + r.running).devices
-            start = GuestStart(tenant, host.devices, src, kv)
+            start = GuestStart(tenant, host.devices[:tp], src, kv)
             if self._whatif_safe(start, weights):
                 return start
         return None
