@@ -132,3 +132,34 @@ def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     assert len(sim.log.iterations) > 50
     assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
     assert len(sim._sh.timing._timings) <= len(TENANTS)
+
+
+def test_a_fork_and_its_parent_add_iterations_without_seeing_each_other() -> None:
+    """Forks share the columns only `add_iteration` writes until either side adds one."""
+    sim = decode_loop(Perturbation(3), seconds=0.001)
+    cols = ("tenant", "iteration", "local", "flops", "out_bytes", "wb_lo", "state", "group")
+    parent_before = {c: sim.gmg.col(c).copy() for c in cols}
+    f = sim.fork()
+    fork_before = {c: f.gmg.col(c).copy() for c in cols}
+    g = build_iteration(TENANTS["a"][0], BatchShape.decode(8, 8), tenant="a")
+    h = f.add_iteration(g)
+    assert h.slice_base == sim.gmg._next_id  # both sides would use the same ring rows next
+    for c in cols:
+        np.testing.assert_array_equal(sim.gmg.col(c), parent_before[c])
+    assert (f.gmg.get("iteration", np.arange(h.slice_base, h.slice_base + h.num_slices)) == h.key).all()
+    fork_after_add = {c: f.gmg.col(c).copy() for c in cols}
+    f2 = sim.fork()
+    sim.add_iteration(build_iteration(TENANTS["c"][0], BatchShape.decode(4, 4), tenant="c"))
+    for c in cols:
+        np.testing.assert_array_equal(f.gmg.col(c), fork_after_add[c])
+        np.testing.assert_array_equal(f2.gmg.col(c), parent_before[c])
+    assert not np.array_equal(fork_before["iteration"], fork_after_add["iteration"])
+
+
+def test_busy_history_lists_every_finished_slice_in_completion_order() -> None:
+    sim = decode_loop(Perturbation(4))
+    cluster = sim.gmg.cluster
+    for d in range(cluster.num_devices):
+        rows = [(r[3], r[4]) for r in sim.log.slices if d in cluster.group(r[2])]
+        s, e = sim.gmg.busy_intervals(d)
+        assert rows and list(zip(s.tolist(), e.tolist())) == rows
