@@ -358,8 +358,15 @@ class SegmentMixin:
         if not self._nseg:
             return
         for key, run in list(self._running.items()):
-            if run.seg is not None and (((run.seg.ids >= lo - 1) & (run.seg.ids <= hi)).any()
-                                        or any(lo <= c.info.base + c.first <= hi for c in run.seg.chains)):
+            seg = run.seg
+            if seg is None:
+                continue
+            if len(seg.chains) == 1:  # one chain: consecutive ids from the chain's first
+                hit = int(seg.ids[0]) <= hi and int(seg.ids[-1]) >= lo - 1
+            else:
+                hit = (((seg.ids >= lo - 1) & (seg.ids <= hi)).any()
+                       or any(lo <= c.info.base + c.first <= hi for c in seg.chains))
+            if hit:
                 self._split(key, run)
 
 
