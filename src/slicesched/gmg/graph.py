@@ -101,20 +101,31 @@ class _IntervalLog:
         if not p:
             return
         self._pending = []
-        parts, rows = [], []
+        devs: list[int] = []
+        lens: list[int] = []
+        starts: list = []  # arrays (chains) and lists (runs of single intervals), in order
+        ends: list = []
+        run_s: list | None = None
         for devices, s, e in p:
             if isinstance(s, np.ndarray):
-                if rows:
-                    parts.append(np.array(rows, np.float64).T)
-                    rows = []
-                k = len(devices)
-                parts.append(np.stack([np.repeat(np.asarray(devices, np.float64), len(s)), np.tile(s, k), np.tile(e, k)]))
+                run_s = None
+                for d in devices:
+                    devs.append(d)
+                    lens.append(len(s))
+                    starts.append(s)
+                    ends.append(e)
             else:
-                rows.extend((d, s, e) for d in devices)
-        if rows:
-            parts.append(np.array(rows, np.float64).T)
-        new = np.concatenate(parts, axis=1)  # [3, k]: device, start, end (device ids are exact as floats)
-        n, k = self.n, new.shape[1]
+                if run_s is None:
+                    run_s, run_e = [], []
+                    starts.append(run_s)
+                    ends.append(run_e)
+                for d in devices:
+                    devs.append(d)
+                    lens.append(1)
+                    run_s.append(s)
+                    run_e.append(e)
+        new = (np.repeat(np.array(devs, np.int32), lens), np.concatenate(starts), np.concatenate(ends))
+        n, k = self.n, len(new[0])
         if n + k > len(self.start):
             size = max(2 * len(self.start), n + k)
             for name in ("device", "start", "end", "end_max"):
