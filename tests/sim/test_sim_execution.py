@@ -154,3 +154,19 @@ def test_aborting_an_iteration_frees_its_devices_and_memory() -> None:
         finished += out.finished_iterations
     assert finished == [hb.key]  # the other iteration runs on alone
     assert gmg.mem_act[0] == 0 and gmg.mem_xfer[0] == 0 and gmg.running_on[0] == -1
+
+
+def test_weight_residency_changes_stay_on_their_side_of_a_fork() -> None:
+    """Forks share residency arrays until one side writes (copy on write)."""
+    gmg = world({"a": (tiny(), (0,))})
+    sim = Simulator(gmg, COST)
+    f = sim.fork()
+    f.apply(SchedulerDecision(0.0, weight_copies=(WeightCopy("a", 0, 0, 1),)))
+    f.run()
+    assert f.gmg.resident["a"][0, 1] > 0 and gmg.resident["a"][0, 1] == 0
+    g = sim.fork()
+    sim.apply(SchedulerDecision(0.0, evictions=(WeightEviction("a", 0, 0),)))
+    assert gmg.resident["a"][0, 0] == 0
+    assert g.gmg.resident["a"][0, 0] > 0 and f.gmg.resident["a"][0, 0] > 0
+    g.gmg.evict_weights("a", 1, 0)
+    assert gmg.resident["a"][1, 0] > 0 and f.gmg.resident["a"][1, 0] > 0

@@ -170,6 +170,7 @@ class GlobalMappingGraph:
         self.running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
         # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
         self.resident = {t: np.zeros((2 * m.layers + 2, n)) for t, m in self.models.items()}
+        self._resident_shared: set[str] = set()  # tenants whose array a fork shares (copy on write)
 
     # ---- storage ---------------------------------------------------------------------
     def _alloc_columns(self, cap: int) -> None:
@@ -200,7 +201,10 @@ class GlobalMappingGraph:
         g.mem_act, g.mem_xfer = self.mem_act.copy(), self.mem_xfer.copy()
         g.busy = _IntervalLog(4096)
         g.running_on = self.running_on.copy()
-        g.resident = {t: r.copy() for t, r in self.resident.items()}
+        # residency changes rarely (weight copies, evictions): arrays are shared until written
+        g.resident = dict(self.resident)
+        g._resident_shared = set(self.resident)
+        self._resident_shared = set(self.resident)
         return g
 
     def _grow(self, need: int) -> None:
@@ -455,17 +459,25 @@ class GlobalMappingGraph:
         return self.capacity_bytes - self.mem_used()
 
     def add_weights(self, tenant: str, block: int, device: int, nbytes: float) -> None:
-        r = self.resident[tenant]
+        r = self.resident_for_write(tenant)
         if r[block, device] == 0:
             r[block, device] = nbytes
             self.mem_weights[device] += nbytes
 
     def evict_weights(self, tenant: str, block: int, device: int) -> float:
-        r = self.resident[tenant]
+        r = self.resident_for_write(tenant)
         nbytes = float(r[block, device])
         r[block, device] = 0.0
         self.mem_weights[device] -= nbytes
         return nbytes
+
+    def resident_for_write(self, tenant: str) -> np.ndarray:
+        """`resident[tenant]`, made this graph's own first if a fork shares it; every write to
+        residency goes through here."""
+        if tenant in self._resident_shared:
+            self.resident[tenant] = self.resident[tenant].copy()
+            self._resident_shared.discard(tenant)
+        return self.resident[tenant]
 
     def weights_on(self, tenant: str, lo: int, hi: int, devices: tuple[int, ...]) -> bool:
         """Are blocks lo..hi of `tenant` resident on every device of a group?"""

@@ -89,7 +89,7 @@ class WeightsMixin:
             self.mem.free(flow.dst, flow.nbytes, XFER, self.now)
         else:
             self.mem.move(flow.dst, flow.nbytes, XFER, WEIGHTS, self.now)
-            res[block, d] = flow.nbytes
+            self.gmg.resident_for_write(tenant)[block, d] = flow.nbytes
             self._wver += 1
         for s in self._wwait.pop((tenant, block, d), ()):
             if int(self.gmg.get("state", s)) == _READY and self.gmg.get("group", s) >= 0:
@@ -104,6 +104,6 @@ class WeightsMixin:
         res = self.gmg.resident[e.tenant]
         nbytes = float(res[e.block, e.device])
         if nbytes > 0:
-            res[e.block, e.device] = 0.0
+            self.gmg.resident_for_write(e.tenant)[e.block, e.device] = 0.0
             self.mem.free((e.device,), nbytes, WEIGHTS, self.now)
             self._wver += 1
