@@ -172,13 +172,14 @@ def utilization_matrix(r: RunSummary, bins: int = 100) -> tuple[np.ndarray, np.n
 
 def _utilization(plt, folder: Path, runs: list[RunSummary]) -> None:
     shown = [r for r in runs if r.rate_scale == runs[0].rate_scale]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 1.2 + 0.25 * shown[0].num_devices * len(shown)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 1.5 + (0.8 + 0.18 * shown[0].num_devices) * len(shown)),
+                             squeeze=False, sharex=True, constrained_layout=True)
     for ax, r in zip(axes[:, 0], shown):
         m, edges = utilization_matrix(r)
         im = ax.imshow(m, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest",
                        extent=(0, edges[-1], r.num_devices - 0.5, -0.5))
-        ax.set(title=f"{r.scheduler} x{r.rate_scale:g}: device utilization", ylabel="device", xlabel="time (s)")
+        ax.set(title=f"{r.scheduler} x{r.rate_scale:g}: device utilization", ylabel="device")
+    axes[-1, 0].set_xlabel("time (s)")
     fig.colorbar(im, ax=axes[:, 0].tolist(), label="busy share")
     fig.savefig(folder / "utilization.png", dpi=110)
     plt.close(fig)
