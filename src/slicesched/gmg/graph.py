@@ -355,13 +355,13 @@ class GlobalMappingGraph:
         self.busy.add(devices, start, t)
         run_on = self.running_on
         for d in devices:
-            if run_on[d] == slice_id:
+            if run_on.item(d) == slice_id:  # .item(): a Python scalar, cheaper than a numpy one
                 run_on[d] = -1
         newly: list[int] = []
         left_col = c["preds_left"]
         for x in succ:
             xi = x & m
-            left = left_col[xi] - 1
+            left = left_col.item(xi) - 1
             left_col[xi] = left
             if left == 0:
                 state[xi] = _READY

@@ -503,10 +503,10 @@ class Simulator(SegmentMixin, WeightsMixin):
         for x in succ:
             if reads is not None and x not in reads:
                 reads[x] = self._stamp
-            gx = int(group[x & m])
+            gx = group.item(x & m)
             if gx >= 0 and gx != g:
                 ev += self._open_act(s, x, g, gx, info.out[j], info.tenant)
-                gx = int(group[x & m])  # an OOM may have unmapped it
+                gx = group.item(x & m)  # an OOM may have unmapped it
             if gx >= 0 and x in newly and x not in self._inbound:
                 # queued, not started here: it starts in the dispatch that ends this event, after
                 # every transfer this event opens (interference counts them)

@@ -73,7 +73,7 @@ class MemoryLedger:
         return m
 
     def used(self, d: int) -> float:
-        return float(self.weights[d]) + self.rest[d]
+        return self.weights.item(d) + self.rest[d]
 
     def _add(self, d: int, cat: int, delta: float) -> None:
         self.arrays[cat][d] += delta
@@ -86,7 +86,7 @@ class MemoryLedger:
         cap, rest = self.cap, self.rest
         if len(devices) == 1:  # the common case, without a second read of what is in use
             d = devices[0]
-            u = float(self.weights[d]) + rest[d]
+            u = self.weights.item(d) + rest[d]
             if u + nbytes > cap[d]:
                 return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
             if nbytes:
@@ -99,14 +99,17 @@ class MemoryLedger:
                 if self.record:
                     self.log.append((self.stamp, now, d, cat, nbytes, u))
             return None
-        use = [self.used(d) for d in devices]
+        w = self.weights
+        use = [w.item(d) + rest[d] for d in devices]
         for d, u in zip(devices, use):
             if u + nbytes > cap[d]:
                 return OOMEvent(d, now, nbytes, u, cap[d], CATEGORIES[cat], tenant)
         if nbytes:  # as `_apply` would, but without reading what is in use a second time
-            peak = self.peak_seen
+            peak, arr = self.peak_seen, self.arrays[cat]
             for d, u in zip(devices, use):
-                self._add(d, cat, nbytes)
+                arr[d] += nbytes
+                if cat != WEIGHTS:
+                    rest[d] += nbytes
                 u += nbytes
                 if u > peak[d]:
                     peak[d] = u
