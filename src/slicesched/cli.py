@@ -62,10 +62,23 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, s
     scales = list(rate_scale or sc.replay.rate_scales)
     specs = [RunSpec(n, k, record_timeline=(i == 0)) for i, (n, k) in enumerate((n, k) for k in scales for n in names)]
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    horizon = (duration or sc.replay.duration_s) + sc.replay.drain_s
     with Progress(*cols, transient=True) as bar:
         task = bar.add_task(f"replaying {sc.name}", total=len(specs))
+        inner = bar.add_task("simulated seconds", total=horizon, visible=jobs <= 1 and not ray_address)
+        shown = {"t": -1.0}
+
+        def on_progress(spec, t: float) -> None:  # throttled: the driver reports every step
+            if t - shown["t"] >= horizon / 200:
+                shown["t"] = t
+                bar.update(inner, completed=min(t, horizon), description=f"{spec.scheduler} x{spec.rate_scale:g}")
+
+        def on_done(r) -> None:
+            shown["t"] = -1.0
+            bar.advance(task)
+
         runs = run_many(sc, specs, jobs=jobs, ray_address=ray_address, duration_s=duration,
-                        on_done=lambda r: bar.advance(task))
+                        on_done=on_done, on_progress=on_progress)
     df = comparison_table(runs)
     print_table(df, f"{sc.name}: {len(sc.tenants)} tenants on {sc.cluster.nodes * sc.cluster.devices_per_node} "
                     f"x {sc.cluster.device}")

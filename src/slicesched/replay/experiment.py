@@ -88,16 +88,19 @@ def _run_task(args: tuple[Scenario, RunSpec, float | None]) -> RunSummary:
 
 
 def run_many(sc: Scenario, specs: Iterable[RunSpec], *, jobs: int = 1, ray_address: str | None = None,
-             duration_s: float | None = None, on_done: Callable[[RunSummary], None] | None = None) -> list[RunSummary]:
-    """Run every spec; results come back in the order of `specs`."""
+             duration_s: float | None = None, on_done: Callable[[RunSummary], None] | None = None,
+             on_progress: Callable[[RunSpec, float], None] | None = None) -> list[RunSummary]:
+    """Run every spec; results come back in the order of `specs`. `on_progress(spec, sim_time)`
+    reports the simulated clock of in-process runs (sequential runs only)."""
     specs = list(specs)
     tasks = [(sc, s, duration_s) for s in specs]
     if ray_address:
         return _run_on_ray(tasks, ray_address, on_done)
     if jobs <= 1 or len(tasks) == 1:
         out = []
-        for t in tasks:
-            out.append(_run_task(t))
+        for spec in specs:
+            cb = (lambda t, spec=spec: on_progress(spec, t)) if on_progress else None
+            out.append(run_one(sc, spec, duration_s, cb))
             if on_done:
                 on_done(out[-1])
         return out
