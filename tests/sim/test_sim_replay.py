@@ -163,3 +163,7 @@ def test_busy_history_lists_every_finished_slice_in_completion_order() -> None:
         rows = [(r[3], r[4]) for r in sim.log.slices if d in cluster.group(r[2])]
         s, e = sim.gmg.busy_intervals(d)
         assert rows and list(zip(s.tolist(), e.tolist())) == rows
+    b = sim.gmg.busy  # reading its arrays directly sees every interval too (appends are buffered)
+    sim.run(until=sim.now + 0.0005)
+    assert b.n == sum(len(cluster.group(r[2])) for r in sim.log.slices)
+    assert b.end[: b.n].tolist()[-1] == sim.log.slices[-1][4]

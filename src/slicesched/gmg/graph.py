@@ -67,20 +67,54 @@ class _IntervalLog:
     `end_max` (running maximum of ends) lets a window query skip, by binary search, the whole
     history that ended before the window, whatever order backends report completions in.
     New intervals wait in a Python list as (devices, start(s), end(s)) and reach the arrays, in
-    order, at the next read: simulators append at every event and rarely read, and one list
-    append costs a fraction of the numpy writes it replaces.
+    order, when anything reads them (the array properties flush first): simulators append at
+    every event and rarely read, and one list append costs a fraction of the numpy writes it
+    replaces.
     """
 
-    __slots__ = ("device", "start", "end", "end_max", "n", "_pending")
+    __slots__ = ("_device", "_start", "_end", "_end_max", "_n", "_pending")
 
     def __init__(self, size: int = 256) -> None:
-        self.device = np.empty(size, np.int32)
-        self.start = np.empty(size)
-        self.end = np.empty(size)
-        self.end_max = np.empty(size)
-        self.n = 0
+        self._device = np.empty(size, np.int32)
+        self._start = np.empty(size)
+        self._end = np.empty(size)
+        self._end_max = np.empty(size)
+        self._n = 0
         self._pending: list[tuple] = []
 
+    # ---- reads (rows [0, n) of each array are the intervals, in completion order) ----------
+    @property
+    def n(self) -> int:
+        self.flush()
+        return self._n
+
+    @property
+    def device(self) -> np.ndarray:
+        self.flush()
+        return self._device
+
+    @property
+    def start(self) -> np.ndarray:
+        self.flush()
+        return self._start
+
+    @property
+    def end(self) -> np.ndarray:
+        self.flush()
+        return self._end
+
+    @property
+    def end_max(self) -> np.ndarray:
+        self.flush()
+        return self._end_max
+
+    def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self.flush()
+        n = self._n
+        k = int(np.searchsorted(self._end_max[:n], t0, side="right"))
+        return self._device[k:n], self._start[k:n], self._end[k:n]
+
+    # ---- appends ---------------------------------------------------------------------------
     def append(self, device: int, s: float, e: float) -> None:
         self._pending.append(((device,), s, e))
 
@@ -106,6 +140,7 @@ class _IntervalLog:
         starts: list = []  # arrays (chains) and lists (runs of single intervals), in order
         ends: list = []
         run_s: list | None = None
+        run_e: list = []
         for devices, s, e in p:
             if isinstance(s, np.ndarray):
                 run_s = None
@@ -124,23 +159,18 @@ class _IntervalLog:
                     lens.append(1)
                     run_s.append(s)
                     run_e.append(e)
-        new = (np.repeat(np.array(devs, np.int32), lens), np.concatenate(starts), np.concatenate(ends))
-        n, k = self.n, len(new[0])
-        if n + k > len(self.start):
-            size = max(2 * len(self.start), n + k)
-            for name in ("device", "start", "end", "end_max"):
+        dev, st, en = np.repeat(np.array(devs, np.int32), lens), np.concatenate(starts), np.concatenate(ends)
+        n, k = self._n, len(dev)
+        if n + k > len(self._start):
+            size = max(2 * len(self._start), n + k)
+            for name in ("_device", "_start", "_end", "_end_max"):
                 setattr(self, name, np.resize(getattr(self, name), size))
-        prev = self.end_max[n - 1] if n else -np.inf
-        self.device[n: n + k] = new[0]
-        self.start[n: n + k], self.end[n: n + k] = new[1], new[2]
-        np.maximum.accumulate(new[2], out=self.end_max[n: n + k])
-        np.maximum(self.end_max[n: n + k], prev, out=self.end_max[n: n + k])
-        self.n = n + k
-
-    def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        self.flush()
-        k = int(np.searchsorted(self.end_max[: self.n], t0, side="right"))
-        return self.device[k: self.n], self.start[k: self.n], self.end[k: self.n]
+        prev = self._end_max[n - 1] if n else -np.inf
+        self._device[n: n + k] = dev
+        self._start[n: n + k], self._end[n: n + k] = st, en
+        np.maximum.accumulate(en, out=self._end_max[n: n + k])
+        np.maximum(self._end_max[n: n + k], prev, out=self._end_max[n: n + k])
+        self._n = n + k
 
 
 class GlobalMappingGraph:
@@ -426,9 +456,9 @@ class GlobalMappingGraph:
     def busy_intervals(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """All finished busy intervals of one device, in completion order (for reports)."""
         b = self.busy
-        b.flush()
-        m = b.device[: b.n] == device
-        return b.start[: b.n][m], b.end[: b.n][m]
+        n = b.n  # flushes
+        m = b.device[:n] == device
+        return b.start[:n][m], b.end[:n][m]
 
     def idle_intervals_flat(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Idle gaps of every device inside [t0, t1] as flat (device, start, end) arrays,
