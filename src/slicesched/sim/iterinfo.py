@@ -45,7 +45,8 @@ class IterInfo:
 @dataclass(frozen=True, slots=True)
 class _Shape:
     """The part of an IterInfo that depends only on the graph's structure, shared by every
-    iteration with the same edges (a tenant's iterations differ in sizes, not in structure)."""
+    iteration with the same edges, slicing and weight blocks (a tenant's iterations differ in
+    sizes, not in structure). Lists in it are shared: nobody writes to them."""
 
     preds: tuple[tuple[int, ...], ...]
     succs: tuple[tuple[int, ...], ...]
@@ -54,13 +55,17 @@ class _Shape:
     npreds: np.ndarray
     has_pred: np.ndarray
     nops_prefix: list[int]
+    nops: list[int]
+    last: np.ndarray  # last op of each slice
+    wb_lo: list[int]
+    wb_hi: list[int]
 
 
 _SHAPES: dict[bytes, _Shape] = {}
 
 
 def _shape(g: IterationGraph) -> _Shape:
-    key = g.edge_src.tobytes() + b"|" + g.edge_dst.tobytes() + b"|" + g.slice_of.tobytes()
+    key = b"|".join((g.edge_src.tobytes(), g.edge_dst.tobytes(), g.slice_of.tobytes(), g.wblock.tobytes()))
     sh = _SHAPES.get(key)
     if sh is None:
         if len(_SHAPES) > 256:
@@ -84,14 +89,16 @@ def _build_shape(g: IterationGraph) -> _Shape:
             chain_end[j] = chain_end[j + 1]
     npreds = np.array([len(p) for p in preds], np.int32)
     return _Shape(tuple(map(tuple, preds)), tuple(map(tuple, succs)), chain, chain_end, npreds, npreds > 0,
-                  [0] + np.cumsum(g.slice_count).tolist())
+                  [0] + np.cumsum(g.slice_count).tolist(), g.slice_count.tolist(), g.slice_first + g.slice_count - 1,
+                  np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
+                  np.maximum.reduceat(g.wblock, g.slice_first).tolist())
 
 
 def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     it = gmg.iterations[key]
     g = it.graph
     sh = _shape(g)
-    last = g.slice_first + g.slice_count - 1
+    last = sh.last
     inner = g.out_bytes.copy()
     inner[last] = 0.0  # the output is counted on its own
     inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
@@ -103,7 +110,10 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     np.negative(step_free[:-1], out=steps[0::2])
     steps[1::2] = step_alloc[1:]
     return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
-                    inter.tolist(), np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
-                    np.maximum.reduceat(g.wblock, g.slice_first).tolist(), sh.chain, g.slice_count.tolist(),
-                    sh.chain_end, tuple([tuple([base + x for x in xs]) for xs in sh.succs]), sh.npreds, sh.nops_prefix,
-                    step_free, step_alloc, np.arange(base, base + g.num_slices), steps)
+                    inter.tolist(), sh.wb_lo, sh.wb_hi, sh.chain, sh.nops, sh.chain_end, _shifted(sh.succs, base),
+                    sh.npreds, sh.nops_prefix, step_free, step_alloc, np.arange(base, base + g.num_slices), steps)
+
+
+def _shifted(succs: tuple[tuple[int, ...], ...], base: int) -> tuple[tuple[int, ...], ...]:
+    """Local successor ids as global ones; most slices have exactly one (the next in a chain)."""
+    return tuple([(base + xs[0],) if len(xs) == 1 else tuple([base + x for x in xs]) for xs in succs])
