@@ -112,7 +112,8 @@ class SegmentMixin:
             self._note_soft_reads(seg)
         key = int(seg.ids[-1])
         del self._running[s]
-        self._running[key] = run._replace(end=float(seg.ends[-1]), seg=seg)
+        # run._replace(end=..., seg=seg) without its keyword machinery
+        self._running[key] = tuple.__new__(type(run), (*run[:2], float(seg.ends[-1]), *run[3:9], seg))
         for d in devs:
             self._seg_on[d] = key
         self._nseg += 1
