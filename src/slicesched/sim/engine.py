@@ -441,6 +441,10 @@ class Simulator(SegmentMixin, WeightsMixin):
         succ = info.gsuccs[j]
         newly, fin = self.gmg.finish_on(s, self.now, run.start, devs, info.key, succ)
         self._record(s, run)
+        if newly and len(succ) == 1 and not self._queue and self._reads is None and self._next_here(succ[0], g):
+            # the chain goes on here and nothing else waits: queueing the next slice and
+            # dispatching the queue would start exactly it, now
+            return self._start(succ[0], g, devs, info)
         ev = self._successors(s, info, j, g, succ, newly) if succ else []
         if fin is not None:
             self._finished.append(fin)
@@ -495,6 +499,10 @@ class Simulator(SegmentMixin, WeightsMixin):
             own += info.out[j]
         if own:  # `_free_mem` without the segment check `_finish_slice` already made
             self.mem._apply(devs, -own, ACT, self.now)
+
+    def _next_here(self, x: int, g: int) -> bool:
+        """Is x mapped to group g with no input on its way from elsewhere?"""
+        return self.gmg.col("group").item(x & self.gmg.mask) == g and x not in self._inbound
 
     def _successors(self, s: int, info: IterInfo, j: int, g: int, succ: tuple[int, ...],
                     newly: list[int]) -> list[Event]:
