@@ -146,7 +146,7 @@ class SegmentMixin:
         scale = self._scale(devs, co)
         if scale != 1.0:
             dur = dur * scale
-        if not (dur > 0).all():
+        if not all(c.timing.all_positive for c in chains) and not (dur > 0).all():
             return None  # zero-length steps would tie with each other; keep them per-slice
         traj = np.cumsum(steps)  # bytes in use relative to the start, after each free and alloc
         top = np.maximum.accumulate(traj)
@@ -202,7 +202,8 @@ class SegmentMixin:
         """Last step of 0..last whose start allocation fits, given the devices' use right now (all
         devices of the group see the same changes, so the tightest one decides). `top` is the
         running maximum of the use trajectory: the first step whose allocation overflows is the
-        first whose running maximum does (frees only lower the use, and room is never negative)."""
+        first whose running maximum does (allocations are never negative, so the use after each
+        free is at most the use after the allocation that follows it)."""
         mem = self.mem
         room = min(mem.cap[d] - mem.used(d) for d in devs)
         return min(int(np.searchsorted(top[1::2], room, side="right")), last)

@@ -37,13 +37,14 @@ class SliceTiming:
     slice_dur: list[float]  # per slice, sum of its ops
     slice_arr: np.ndarray  # the same as an array
     slice_prefix: np.ndarray  # float64 [num_slices + 1], running sum of slice_dur
+    all_positive: bool = True  # every slice takes some time (segments need it; checked once here)
 
     @classmethod
     def from_ops(cls, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> "SliceTiming":
         cum = np.concatenate([[0.0], np.cumsum(op_dur)])
         per_slice = cum[first + count] - cum[first]
         prefix = np.concatenate([[0.0], np.cumsum(per_slice)])
-        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, prefix)
+        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, prefix, bool((per_slice > 0).all()))
 
     def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Start and end of every op of slice `local` that started at `start` (ops run back to back)."""
