@@ -250,12 +250,19 @@ class Simulator(SegmentMixin, WeightsMixin):
     def take_outcome(self) -> StepOutcome:
         """Completions, finished iterations and OOMs since the last outcome."""
         done = self._done
-        for _, first, g, starts, ends, *_ in self._done_chains:
-            done += [SliceCompletion(first + i, g, s, e) for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
+        if self._done_chains:
+            for _, first, g, starts, ends, *_ in self._done_chains:
+                done += [SliceCompletion(first + i, g, s, e)
+                         for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
+            self._done_chains = []
         if len(done) > 1:
             done.sort(key=_completion_order)
         out = StepOutcome(self.now, tuple(done), tuple(self._finished), tuple(self._ooms))
-        self._done, self._done_chains, self._finished, self._ooms = [], [], [], []
+        self._done = []
+        if self._finished:  # lists left empty are kept (a per-slice driver calls this per slice)
+            self._finished = []
+        if self._ooms:
+            self._ooms = []
         return out
 
     def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
