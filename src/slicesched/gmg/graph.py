@@ -61,6 +61,9 @@ _STATIC_COLS = frozenset(("flops", "weight_bytes", "out_bytes", "kv_bytes", "ten
                           "wb_lo", "wb_hi"))
 
 
+_MAX_PENDING = 4096  # busy intervals buffered before they move into the arrays
+
+
 class _IntervalLog:
     """Append-only busy intervals of all devices, amortized O(1) append.
 
@@ -120,13 +123,16 @@ class _IntervalLog:
 
     def add(self, devices: tuple[int, ...], s: float, e: float) -> None:
         """Append (s, e) for each of `devices` (one slice ended)."""
-        self._pending.append((devices, s, e))
+        p = self._pending
+        p.append((devices, s, e))
+        if len(p) > _MAX_PENDING:  # a long run nobody reads stays compact
+            self.flush()
 
     def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
         """Append intervals (s, e) for each of `devices`, device by device (a chain of slices
         reported at once). The arrays are kept as given: callers never write to them later."""
         self._pending.append((devices, s, e))
-        if len(self._pending) > 4096:  # bounded: the arrays held may be views of larger ones
+        if len(self._pending) > _MAX_PENDING:  # bounded: the arrays held may be views of larger ones
             self.flush()
 
     def flush(self) -> None:
