@@ -450,7 +450,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._record(s, run)
         if newly and len(succ) == 1 and not self._queue and self._reads is None and self._next_here(succ[0], g):
             # the chain goes on here and nothing else waits: queueing the next slice and
-            # dispatching the queue would start exactly it, now
+            # dispatching the queue would start exactly it, now (an incremental base run, which
+            # notes mapping reads in `_successors`, takes the general path)
             return self._start(succ[0], g, devs, info)
         ev = self._successors(s, info, j, g, succ, newly) if succ else []
         if fin is not None:
