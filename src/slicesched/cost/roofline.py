@@ -17,6 +17,10 @@ from slicesched.gmg.ops import GEMM_KINDS, IterationGraph, OpKind
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 
 
+_IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin per call
+_IS_GEMM[GEMM_KINDS] = True
+
+
 @COST_MODELS.register("roofline")
 @dataclass(frozen=True, slots=True)
 class RooflineCostModel:
@@ -31,7 +35,7 @@ class RooflineCostModel:
         rows = float(max(graph.shape.num_tokens, 1))
         compute_eff = np.full(len(kind), 0.25)  # element-wise work runs on CUDA cores
         gemm_eff = self.gemm_peak_eff * rows / (rows + self.gemm_half_rows)
-        compute_eff[np.isin(kind, GEMM_KINDS)] = gemm_eff
+        compute_eff[_IS_GEMM[kind]] = gemm_eff
         compute_eff[kind == OpKind.LM_HEAD] = self.gemm_peak_eff * graph.shape.logits_seqs / (
             graph.shape.logits_seqs + self.gemm_half_rows)
         compute_eff[kind == OpKind.ATTENTION] = self.attn_compute_eff
