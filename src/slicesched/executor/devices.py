@@ -80,6 +80,16 @@ class Device:
     def submit(self, job: Callable[[], None], copy: bool = False) -> None:
         self._workers["copy" if copy else "compute"].submit(job)
 
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Wait until every job queued so far on both workers has run (False on timeout)."""
+        marks = []
+        for w in self._workers.values():
+            if w.thread is not None:
+                done = threading.Event()
+                w.submit(done.set)
+                marks.append(done)
+        return all(m.wait(timeout) for m in marks)
+
     def close(self) -> None:
         for w in self._workers.values():
             w.close()

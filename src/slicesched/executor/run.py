@@ -61,6 +61,7 @@ class Run:
         self.errors: list[str] = []
         self.copy_ooms: dict[tuple[int, int], OOMEvent] = {}
         self.lock = threading.Lock()
+        self.released = False  # set by release_all: transfers still landing free at once
         self.left = program.num_slices
         self.finished = threading.Event()
         # Grad and inference modes are thread-local: workers must run in the caller's.
@@ -128,6 +129,9 @@ class Run:
                     copy = copy_value(value, dev.torch_device, non_blocking=dev.cuda)
                     record_stream(value, dev.copy_stream)
                 with self.lock:
+                    if self.released:  # the run was dropped while this copy was in flight
+                        dev.release(nbytes)
+                        return
                     st.copies[device] = (copy, st.copies[device][1], dev.record(dev.copy_stream))
                     st.held[device] = nbytes
                     self.transfers.append(TransferRecord("activation", src, device, nbytes, slot))
@@ -255,8 +259,10 @@ class Run:
         return RunResult(outputs, report)
 
     def release_all(self) -> None:
-        """Drop what the run still holds (outputs included) from the devices' ledgers."""
+        """Drop what the run still holds (outputs included) from the devices' ledgers; copies
+        still in flight release their buffer when they land."""
         with self.lock:
+            self.released = True
             for slot in range(len(self.slots)):
                 if self.slots[slot].held:
                     self._free(slot)

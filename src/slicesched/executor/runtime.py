@@ -54,6 +54,10 @@ class Executor:
     def num_devices(self) -> int:
         return len(self.devices)
 
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Wait for every device's queued compute and copy jobs (e.g. transfers of a dropped run)."""
+        return all(d.drain(timeout) for d in self.devices)
+
     def close(self) -> None:
         for d in self.devices:
             d.close()
