@@ -195,7 +195,7 @@ def _idle_histogram(plt, folder: Path, runs: list[RunSummary]) -> None:
         gaps = np.concatenate([idle_intervals(iv, r.makespan_s) for iv in r.busy.values()] or [np.zeros(0)])
         secs, _ = np.histogram(np.minimum(gaps, finite[-1] * 0.999), bins=finite, weights=gaps)
         ax.bar(np.arange(len(secs)) + k * width, secs, width=width, label=f"{r.scheduler} x{r.rate_scale:g}")
-    labels = [f"<{e:g}s" for e in edges[1:]]
+    labels = [f"<{e:g}s" if np.isfinite(e) else f">={edges[-2]:g}s" for e in edges[1:]]
     ax.set_xticks(np.arange(len(labels)) + 0.4, labels, rotation=45, fontsize=8)
     ax.set(ylabel="idle device-seconds", title="idle slices by length (the opportunity)")
     ax.legend(fontsize=8)
