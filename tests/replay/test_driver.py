@@ -59,6 +59,20 @@ def test_single_request_latency_matches_hand_computed_cost():
     assert (busy[:, 1] - busy[:, 0]).sum() == pytest.approx(prefill + sum(decodes), rel=1e-9)
 
 
+def test_a_lone_request_meets_its_sla_whatever_its_prompt_length():
+    """SLOs scale each request's own isolated latency: alone, nobody violates."""
+    from slicesched.replay.driver import isolated_slas
+    from slicesched.serving import summarize
+
+    sc = scenario(ONE_GPU.replace("perturbation_cv = 0.0", "perturbation_cv = 0.0\n    grain = \"block\"")
+                  .replace('    grain = "layer"\n', ""))
+    prompts = [64, 900, 12000]
+    trace = Trace.from_columns("t", [0.0, 100.0, 200.0], prompts, [8, 8, 8], ["a"] * 3)
+    slas = isolated_slas(sc, make_cost_model(), trace)
+    res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, slas=slas).run()
+    assert summarize(res.requests, res.makespan_s, slas).overall.violations == 0
+
+
 def test_every_request_finishes_and_kv_is_released():
     sc = scenario(ONE_GPU.replace("rate = 1.0", "rate = 20.0"))
     trace = Trace.from_columns("t", np.linspace(0, 2, 40), np.full(40, 200), np.full(40, 20), ["a"] * 40)

@@ -1,4 +1,4 @@
-"""Moving requests between replicas of one tenant: take_waiting, evict_all, adopt."""
+"""Moving requests between replicas (take_waiting, evict_all, adopt), KV lending, per-request SLOs."""
 
 import pytest
 
@@ -75,3 +75,15 @@ def test_kv_lend_only_free_blocks_and_reclaim_restores():
     assert kv.lend(4) and kv.num_free == 0 and not kv.allocate("s", 1)
     kv.reclaim(4)
     assert kv.num_free == 4
+
+
+def test_sla_curve_gives_each_request_the_deadline_of_its_own_prompt():
+    import numpy as np
+
+    from slicesched.serving import SLA
+
+    sla = SLA(0.1, 0.02, ((16.0, 1024.0, 8192.0), (0.01, 0.1, 1.0)))
+    assert sla.ttft_for(np.array([16, 1024, 4608])).tolist() == pytest.approx([0.01, 0.1, 0.55])
+    r = Request(0, "t", 0.0, 8192, 1)
+    r.first_token_s = r.last_token_s = r.finish_s = 0.9  # slow for a median prompt, fine for its own
+    assert sla.judge(r, 1.0) is False

@@ -88,8 +88,9 @@ class RunResult:
 
 
 def isolated_slas(sc: Scenario, cost: CostModel, trace: Trace) -> dict[str, SLA]:
-    """Per tenant: absolute SLOs, or sla_scale x the latency of the tenant's median request
-    running alone on its own container (prefill for TTFT, batch-1 decode for TPOT)."""
+    """Per tenant: absolute SLOs, or sla_scale x the isolated latency on the tenant's own
+    container: TTFT per request from its own prompt length (its chunked prefill alone, on a grid
+    of lengths, interpolated), TPOT from a batch-1 decode at the tenant's median prompt."""
     cluster = build_cluster(sc)
     dev = cluster.device_specs[0]
     out = {}
@@ -97,13 +98,39 @@ def isolated_slas(sc: Scenario, cost: CostModel, trace: Trace) -> dict[str, SLA]
     for t in sc.tenants:
         m = model_spec(t.model)
         mine = tenants == t.name
-        prompt = int(np.median(trace.prompt_tokens[mine])) if mine.any() else 512
+        prompts = trace.prompt_tokens[mine] if mine.any() else np.array([512])
         link = cluster.link(0, 1) if t.tp > 1 else cluster.link(0, 0)
-        ttft = cost.op_times(build_iteration(m, BatchShape.prefill(prompt), t.tp), dev, link).sum()
-        tpot = cost.op_times(build_iteration(m, BatchShape.decode(1, prompt), t.tp), dev, link).sum()
-        scaled = SLA.scaled(float(ttft), float(tpot), t.sla_scale)
-        out[t.name] = SLA(t.ttft_slo_s or scaled.ttft_s, t.tpot_slo_s or scaled.tpot_s)
+        grid = _prompt_grid(int(prompts.max()))
+        ttft = [_isolated_prefill(m, t.tp, p, t.max_batch_tokens if t.chunked_prefill else p, cost, dev, link)
+                for p in grid]
+        median = int(np.median(prompts))
+        tpot = cost.op_times(build_iteration(m, BatchShape.decode(1, median), t.tp), dev, link).sum()
+        curve = (tuple(float(g) for g in grid), tuple(t.sla_scale * x for x in ttft))
+        scaled_median = float(np.interp(median, *curve))
+        if t.ttft_slo_s:
+            out[t.name] = SLA(t.ttft_slo_s, t.tpot_slo_s or float(tpot) * t.sla_scale)
+        else:
+            out[t.name] = SLA(scaled_median, t.tpot_slo_s or float(tpot) * t.sla_scale, curve)
     return out
+
+
+def _prompt_grid(longest: int) -> list[int]:
+    """Powers of two from 16 up to the longest prompt (and it): interpolation points."""
+    grid = [16]
+    while grid[-1] < longest:
+        grid.append(min(grid[-1] * 2, longest))
+    return grid
+
+
+def _isolated_prefill(m: ModelSpec, tp: int, prompt: int, chunk: int, cost: CostModel, dev, link) -> float:
+    """Seconds to prefill `prompt` tokens alone, in chunks of `chunk` (the engine's budget)."""
+    total, done = 0.0, 0
+    while done < prompt:
+        n = min(chunk, prompt - done)
+        shape = BatchShape(np.array([n]), np.array([done]), 1)
+        total += float(cost.op_times(build_iteration(m, shape, tp), dev, link).sum())
+        done += n
+    return total
 
 
 class ReplayDriver:

@@ -60,7 +60,7 @@ def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
     tpot_slo = np.full(len(tenants), np.nan)
     for name, sla in slas.items():
         m = tenants == name
-        ttft_slo[m], tpot_slo[m] = sla.ttft_s, sla.tpot_s
+        ttft_slo[m], tpot_slo[m] = sla.ttft_for(cols["prompt_tokens"][m]), sla.tpot_s
     has_sla = ~np.isnan(ttft_slo)
     decided, violated = judge_arrays(cols["arrival_s"], cols["first_token_s"], cols["finish_s"],
                                      cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s)

@@ -32,14 +32,31 @@ DEFAULT_SLA_SCALE = 5.0
 
 @dataclass(frozen=True, slots=True)
 class SLA:
-    """TTFT and TPOT service-level objectives of one tenant, in seconds."""
+    """TTFT and TPOT service-level objectives of one tenant, in seconds.
+
+    With `ttft_curve` (prompt lengths, TTFT SLOs), a request's TTFT SLO follows its own prompt
+    length (interpolated): a scale of *its* isolated latency, so a long prompt is not judged by
+    the deadline of a median one. `ttft_s` is then the SLO of the tenant's median prompt.
+    """
 
     ttft_s: float
     tpot_s: float
+    ttft_curve: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):
             raise ValueError(f"SLA objectives must be positive, got ttft={self.ttft_s}, tpot={self.tpot_s}")
+        if self.ttft_curve is not None:
+            xs, ys = self.ttft_curve
+            if len(xs) != len(ys) or not xs or any(b <= a for a, b in zip(xs, xs[1:])) or min(ys) <= 0:
+                raise ValueError("ttft_curve needs increasing prompt lengths and positive SLOs of equal count")
+
+    def ttft_for(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """TTFT SLO of requests with these prompt lengths."""
+        if self.ttft_curve is None:
+            return np.full(len(prompt_tokens), self.ttft_s)
+        xs, ys = self.ttft_curve
+        return np.interp(np.asarray(prompt_tokens, dtype=float), xs, ys)
 
     @classmethod
     def scaled(cls, isolated_ttft_s: float, isolated_tpot_s: float,
@@ -52,7 +69,7 @@ class SLA:
         decided, violated = judge_arrays(
             np.array([req.arrival_s]), np.array([_nan(req.first_token_s)]),
             np.array([_nan(req.finish_s)]), np.array([req.tpot_s]),
-            np.array([req.output_tokens]), self.ttft_s, self.tpot_s, end_s)
+            np.array([req.output_tokens]), self.ttft_for(np.array([req.prompt_tokens])), self.tpot_s, end_s)
         return bool(violated[0]) if decided[0] else None
 
 
