@@ -1,6 +1,6 @@
 from slicesched.sched import SCHEDULERS, make_scheduler
 from slicesched.sched.baselines import ReallocScheduler, TemporalMuxScheduler
-from slicesched.sched.interface import ReplicaLoad, Scheduler, TenantLoad
+from slicesched.sched.interface import ReplicaLoad, Scheduler
 
 import pytest
 
@@ -34,9 +34,6 @@ def test_temporal_mux_skips_pairs_whose_weights_do_not_fit():
 class _View:
     def __init__(self, reps):
         self.reps = reps
-
-    def tenant_loads(self):
-        return {}
 
     def replica_loads(self):
         return tuple(self.reps)

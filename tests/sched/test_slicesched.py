@@ -16,9 +16,6 @@ class View:
     def replica_loads(self):
         return tuple(self.loads)
 
-    def tenant_loads(self):
-        return {}
-
 
 def gmg_two_tenants():
     c = Cluster.homogeneous("H100-80GB", 1, 2)

@@ -27,7 +27,7 @@ from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
-                                        SchedulerDecision, TenantLoad, WeightCopy, WeightEviction)
+                                        SchedulerDecision, WeightCopy, WeightEviction)
 from slicesched.serving import SLA, Batch, KVBlockManager, Request, TenantEngine, blocks_for
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
@@ -163,8 +163,6 @@ class ReplayDriver:
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
         self._activations: list[tuple[float, Replica]] = []  # (ready time, replica) being loaded
-        self._rate = {t: 0.0 for t in self.models}
-        self._last_arrival = {t: 0.0 for t in self.models}
         self.ooms: list[OOMEvent] = []
         self.iterations = 0
         self.moves = 0
@@ -183,17 +181,6 @@ class ReplayDriver:
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1)
         return ReplicaState(r, self.cluster.group_id(r.devices), engine, per_tok)
-
-    def tenant_loads(self) -> dict[str, TenantLoad]:
-        """ServingView for schedulers: queue and KV state per tenant."""
-        out = {}
-        for t in self.models:
-            reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining and not rs.guest]
-            waiting = sum(rs.engine.num_waiting for rs in reps)
-            running = sum(rs.engine.num_running for rs in reps)
-            kv = float(np.mean([rs.engine.kv.used_blocks / rs.engine.kv.num_blocks for rs in reps])) if reps else 0.0
-            out[t] = TenantLoad(t, waiting, running, len(reps), kv, self._rate[t])
-        return out
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]:
         out = []
@@ -266,9 +253,6 @@ class ReplayDriver:
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
         t = req.tenant
-        gap = max(req.arrival_s - self._last_arrival[t], 1e-6)
-        self._rate[t] = 0.9 * self._rate[t] + 0.1 / gap  # EWMA of the instantaneous rate
-        self._last_arrival[t] = req.arrival_s
         reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
         if not reps:  # every replica is moving: queue on the least loaded draining one
             reps = self.replicas_of(t)

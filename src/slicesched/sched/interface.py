@@ -143,18 +143,6 @@ class StepOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class TenantLoad:
-    """Serving-level state of one tenant that the GMG does not hold (queues, KV use)."""
-
-    tenant: str
-    waiting: int  # requests queued, not admitted
-    running: int  # requests holding KV
-    replicas: int  # active replicas
-    kv_used_frac: float  # KV blocks in use / pool, averaged over replicas
-    arrivals_per_s: float  # recent arrival rate (exponentially weighted)
-
-
-@dataclass(frozen=True, slots=True)
 class ReplicaLoad:
     tenant: str
     devices: tuple[int, ...]
@@ -169,8 +157,6 @@ class ReplicaLoad:
 
 class ServingView(Protocol):
     """Read-only serving state a driver offers to schedulers that need it."""
-
-    def tenant_loads(self) -> dict[str, TenantLoad]: ...
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]: ...
 
