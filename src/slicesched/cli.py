@@ -37,11 +37,12 @@ def replay(
     jobs: int = typer.Option(2, help="parallel worker processes"),
     ray_address: Optional[str] = typer.Option(None, help="run on a Ray cluster ('local' starts one)"),
     sla_search: bool = typer.Option(False, "--throughput-at-sla", help="also bisect the rate scale at <=9% violations"),
+    sla_range: tuple[float, float] = typer.Option((0.25, 8.0), help="rate scales the bisection searches between"),
     plots: bool = typer.Option(True, help="write PNG plots"),
 ) -> None:
     """Replay a scenario under each scheduler, print the comparison and write metrics, plots, traces."""
     try:
-        _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, sla_search, plots)
+        _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, sla_search and sla_range, plots)
     except InputError as e:
         _fail(e)
 
@@ -83,17 +84,19 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, s
     print_table(df, f"{sc.name}: {len(sc.tenants)} tenants on {sc.cluster.nodes * sc.cluster.devices_per_node} "
                     f"x {sc.cluster.device}")
     if sla_search:
-        _print_sla_search(sc, names, duration)
+        _print_sla_search(sc, names, duration, *sla_search)
     folder = write_outputs(out or Path("runs") / sc.name, runs, df,
                            {"scenario": sc.source_path, "schedulers": names, "rate_scales": scales}, plots)
     typer.echo(f"wrote {folder}/ (summary.csv, per_tenant.csv, requests.parquet, plots, trace.perfetto.json)")
 
 
-def _print_sla_search(sc, names: list[str], duration) -> None:
+def _print_sla_search(sc, names: list[str], duration, lo: float, hi: float) -> None:
     from slicesched.replay.experiment import find_throughput_at_sla
 
     for n in names:
-        r = find_throughput_at_sla(sc, n, duration_s=duration)
+        if not 0 < lo < hi:
+            raise InputError(f"needs 0 < LO < HI, got {lo} {hi}", field="--sla-range")
+        r = find_throughput_at_sla(sc, n, lo=lo, hi=hi, duration_s=duration)
         typer.echo(f"throughput at SLA  {n:>14}: rate x{r.scale:.2f}  {r.token_throughput:,.0f} tok/s  "
                    f"violations {r.violation_rate:.1%}" if r.feasible else f"throughput at SLA  {n:>14}: infeasible")
 
