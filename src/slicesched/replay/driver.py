@@ -252,10 +252,8 @@ class ReplayDriver:
 
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
-        t = req.tenant
-        reps = [rs for rs in self.replicas if rs.replica.tenant == t and not rs.draining]
-        if not reps:  # every replica is moving: queue on the least loaded draining one
-            reps = self.replicas_of(t)
+        mine = self.replicas_of(req.tenant)
+        reps = [rs for rs in mine if not rs.draining] or mine  # all moving: least loaded draining one
         target = min(reps, key=lambda rs: rs.relative_load)
         if req.prompt_tokens >= target.engine.max_model_len:
             self.rejected += 1  # longer than the model/KV pool allows: refused, never served
@@ -391,11 +389,18 @@ class ReplayDriver:
         """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""
         self._charge_kv(rs, now)
         self.replicas.remove(rs)
-        m = self.models[rs.replica.tenant]
-        self.sim.apply(SchedulerDecision(now, evictions=tuple(
-            WeightEviction(rs.replica.tenant, blk, d) for d in rs.replica.devices for blk in range(2 * m.layers + 2))))
+        self._evict_weights(rs, now)
         for owner, n in rs.lent:
             owner.engine.kv.reclaim(n)
+
+    def _evict_weights(self, rs: ReplicaState, now: float) -> None:
+        """Evict a removed replica's weights, through the simulator so the memory log has them,
+        from every device no other replica of the same tenant still uses."""
+        tenant = rs.replica.tenant
+        kept = {d for o in self.replicas_of(tenant) for d in o.replica.devices}
+        self.sim.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
+            for blk in range(2 * self.models[tenant].layers + 2))))
 
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
@@ -413,10 +418,7 @@ class ReplayDriver:
         """Free the drained replica's devices and start loading the new model from host memory."""
         self.replicas.remove(rs)
         tenant, devs = rs.replica.tenant, rs.replica.devices
-        for blk in range(2 * self.models[tenant].layers + 2):
-            for d in devs:
-                if not any(d in o.replica.devices for o in self.replicas if o.replica.tenant == tenant):
-                    self.gmg.evict_weights(tenant, blk, d)
+        self._evict_weights(rs, t)
         if rs.kv_charged > 0:
             self.sim.free_kv(devs, rs.kv_charged, tenant)
         new = Replica(rs.move_to or tenant, devs)

@@ -260,11 +260,11 @@ class SliceScheduler(Scheduler):
                 continue
             src = max(reps, key=lambda r: r.waiting + r.running).devices
             start = GuestStart(tenant, host.devices[:tp], src, kv)
-            if self._whatif_safe(start, weights):
+            if self._whatif_safe(start):
                 return start
         return None
 
-    def _whatif_safe(self, start: GuestStart, weights: float) -> bool:
+    def _whatif_safe(self, start: GuestStart) -> bool:
         """Fork the simulator, apply the weight copies, run `whatif_horizon_s` ahead: accept if no
         OOM is predicted and the devices' predicted peak leaves room for the guest's KV."""
         sim = getattr(self._view, "simulator", None)
