@@ -44,8 +44,7 @@ class RooflineCostModel:
         t = np.maximum(t_compute, t_mem) + device.launch_overhead_s
         comm = graph.comm_bytes > 0
         if comm.any():
-            t[comm] = [self.allreduce_time(b, graph.tp, group_link) + device.launch_overhead_s
-                       for b in graph.comm_bytes[comm]]
+            t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link) + device.launch_overhead_s
         return t
 
     def transfer_time(self, nbytes: float, link: LinkSpec) -> float:
@@ -58,4 +57,11 @@ class RooflineCostModel:
         p = group_size
         if p <= 1 or nbytes <= 0:
             return 0.0
+        return 2 * (p - 1) * (link.latency_s + nbytes / p / (link.bandwidth * self.link_eff))
+
+    def _allreduce_times(self, nbytes: np.ndarray, group_size: int, link: LinkSpec) -> np.ndarray:
+        """`allreduce_time` of every positive size at once (the same float operations in order)."""
+        p = group_size
+        if p <= 1:
+            return np.zeros_like(nbytes)
         return 2 * (p - 1) * (link.latency_s + nbytes / p / (link.bandwidth * self.link_eff))

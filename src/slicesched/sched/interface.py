@@ -11,6 +11,7 @@ executor implement the same `Backend`, so any scheduler drives either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -119,6 +120,55 @@ class SliceCompletion:
     end: float
 
 
+class Completions(Sequence[SliceCompletion]):
+    """Completed slices in (end, slice id) order, made into `SliceCompletion`s on first read.
+
+    A backend reports a chain of slices run back to back as (first id, group, starts, ends)
+    and single slices as (id, group, start, end) tuples; a replay driver mostly asks only
+    whether anything completed, so building hundreds of objects per iteration up front would be
+    most of its cost. Compares equal to any sequence with the same completions (e.g. `()`).
+    """
+
+    __slots__ = ("_singles", "_chains", "_items", "_n")
+
+    def __init__(self, singles: Sequence[tuple[int, int, float, float]] = (),
+                 chains: Sequence[tuple[int, int, "object", "object"]] = ()) -> None:
+        self._singles, self._chains = singles, chains
+        self._items: tuple[SliceCompletion, ...] | None = None
+        self._n = len(singles) + sum(len(c[2]) for c in chains)  # type: ignore[arg-type]
+
+    def _all(self) -> tuple[SliceCompletion, ...]:
+        if self._items is None:
+            items = [SliceCompletion(*x) for x in self._singles]
+            for first, group, starts, ends in self._chains:
+                items += [SliceCompletion(first + i, group, s, e)
+                          for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]  # type: ignore[attr-defined]
+            if len(items) > 1:
+                items.sort(key=lambda c: (c.end, c.slice_id))
+            self._items, self._singles, self._chains = tuple(items), (), ()
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[SliceCompletion]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == self._n and tuple(other) == self._all()
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return f"Completions({list(self._all())!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class OOMEvent:
     """An allocation that would have exceeded a device's capacity; never clipped away."""
@@ -137,7 +187,7 @@ class StepOutcome:
     """What a backend reports after running (part of) decisions, up to `time`."""
 
     time: float
-    completed: tuple[SliceCompletion, ...] = ()
+    completed: Sequence[SliceCompletion] = ()  # a tuple or `Completions`
     finished_iterations: tuple[int, ...] = ()  # GMG iteration keys whose every slice is done
     ooms: tuple[OOMEvent, ...] = ()
 

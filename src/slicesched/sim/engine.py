@@ -36,7 +36,7 @@ import numpy as np
 from slicesched.cost.model import CostModel
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
-from slicesched.sched.interface import OOMEvent, SchedulerDecision, SliceCompletion, SlicePlacement, StepOutcome
+from slicesched.sched.interface import Completions, OOMEvent, SchedulerDecision, SlicePlacement, StepOutcome
 from slicesched.sim.events import Event, Prio
 from slicesched.sim.iterinfo import IterInfo, build_info
 from slicesched.sim.memory import ACT, KV, XFER, MemoryLedger
@@ -137,7 +137,7 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     def _init_outputs(self) -> None:
         self.log = RunLog()
-        self._done: list[SliceCompletion] = []
+        self._done: list[tuple[int, int, float, float]] = []  # (slice, group, start, end)
         self._done_chains: list[SliceRow] = []
         self._finished: list[int] = []
         self._ooms: list[OOMEvent] = []
@@ -249,17 +249,14 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     def take_outcome(self) -> StepOutcome:
         """Completions, finished iterations and OOMs since the last outcome."""
-        done = self._done
-        if self._done_chains:
-            for _, first, g, starts, ends, *_ in self._done_chains:
-                done += [SliceCompletion(first + i, g, s, e)
-                         for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
+        chains = [row[1:5] for row in self._done_chains] if self._done_chains else ()
+        out = StepOutcome(self.now, Completions(self._done, chains) if self._done or chains else (),
+                          tuple(self._finished), tuple(self._ooms))
+        if self._done:  # lists left empty are kept (a per-slice driver calls this per slice)
+            self._done = []
+        if chains:
             self._done_chains = []
-        if len(done) > 1:
-            done.sort(key=_completion_order)
-        out = StepOutcome(self.now, tuple(done), tuple(self._finished), tuple(self._ooms))
-        self._done = []
-        if self._finished:  # lists left empty are kept (a per-slice driver calls this per slice)
+        if self._finished:
             self._finished = []
         if self._ooms:
             self._ooms = []
@@ -465,7 +462,7 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     def _record(self, s: int, run: Run) -> None:
         self.op_events += run.info.nops[run.local]
-        self._done.append(SliceCompletion(s, run.group, run.start, self.now))
+        self._done.append((s, run.group, run.start, self.now))
         if self.record:
             self.log.slices.append((self._stamp, s, run.group, run.start, self.now, run.info.key, run.local,
                                     run.scale, run.timing))
@@ -843,10 +840,6 @@ class Simulator(SegmentMixin, WeightsMixin):
                      else (fl.start + fl.latency, Prio.XFER_JOIN, k, fl.version))
         heapq.heapify(h)
         return h
-
-
-def _completion_order(c: SliceCompletion) -> tuple[float, int]:
-    return c.end, c.slice_id
 
 
 def _seg_id(seg: Segment | None) -> tuple | None:
