@@ -127,6 +127,16 @@ def test_fork_of_a_perturbed_replay_predicts_running_slices_from_the_cost_model(
     same_prediction(sim.fork().simulate(0.002), sim.fork().simulate(0.002))  # and forks are deterministic
 
 
+def test_fork_does_not_depend_on_the_parent_holding_chains_as_segments() -> None:
+    """wake="iteration" leaves the parent holding segments timed with its noise; a fork must
+    re-time what runs from the cost model exactly as when the same state is held slice by slice."""
+    pert = Perturbation(5, duration_cv=0.5)
+    chained, split = (decode_loop(pert, seconds=0.003, wake="iteration") for _ in range(2))
+    split._dissolve_segments()
+    assert chained._nseg and not split._nseg
+    same_prediction(chained.fork().simulate(0.002), split.fork().simulate(0.002))
+
+
 def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
     assert len(sim.log.iterations) > 50

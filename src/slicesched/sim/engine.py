@@ -329,6 +329,8 @@ class Simulator(SegmentMixin, WeightsMixin):
     def fork(self) -> "Simulator":
         """An independent copy that predicts from the cost model alone (no perturbation; running
         slices re-timed to their predicted ends) and runs chains as segments."""
+        if self.perturbation is not None and self._nseg:
+            self._dissolve_segments()  # see `_copy`; before the key, which the split changes
         key = (self._stamp, self._ver, self.gmg.mem_weights.tobytes())
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
@@ -608,9 +610,11 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._devs(p.group)
         ids = np.arange(p.first_slice, p.first_slice + p.num_slices)
         keys = self.gmg.col("iteration")[ids & self.gmg.mask]
+        if keys[0] == keys[-1]:  # one iteration (keys never decrease along ids): the common case
+            return self._place_within(ids, int(keys[0]), p.group)
         cuts = np.flatnonzero(np.diff(keys)) + 1
         ev: list[Event] = []
-        for part in np.split(ids, cuts) if len(cuts) else (ids,):
+        for part in np.split(ids, cuts):
             ev += self._place_within(part, int(keys[part[0] - ids[0]]), p.group)
         return ev
 
@@ -803,6 +807,11 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _copy(self, keep_log: bool, retime: bool, segments: bool, running: bool = True) -> "Simulator":
         """A full, independent copy of the state (a fork, or a checkpoint when keep_log); without
         `running`, the caller sets the running slices and the heap itself."""
+        if retime and self._nseg:
+            # a segment's steps were timed with reality's noise and its Run describes the step
+            # that formed it: split it (exactly; the next `execute` plans again) so that the copy
+            # sees ordinary running slices it can re-time from the cost model
+            self._dissolve_segments()
         f = Simulator.__new__(Simulator)
         f._sh, f.gmg = self._sh, self.gmg.fork()
         f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown

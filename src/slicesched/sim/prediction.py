@@ -10,6 +10,7 @@ prediction a full run gives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Mapping
 
@@ -57,32 +58,70 @@ class RunLog:
         return np.concatenate([single, chained])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class Prediction:
     """A what-if's forecast over [start, end]; arrays are read-only.
 
     iteration_end: predicted completion per iteration live at the fork (inf: not within the
-    horizon); tenant_end: the latest of its tenant's iterations; idle: per device, the idle gaps
-    (starts, ends) inside the horizon; peak_memory: bytes per device; ooms: predicted OOMs;
-    slice_*: every slice that ran or was running, sorted by id (a running slice's end is its
-    predicted end, possibly past the horizon).
+    horizon); tenant_end: the latest of its tenant's iterations; peak_memory: bytes per device;
+    ooms: predicted OOMs. Computed on first access (a scheduler weighing a placement usually
+    reads only the fields above, and these tables are most of a what-if's assembly cost):
+    idle: per device, the idle gaps (starts, ends) inside the horizon; slice_*: every slice that
+    ran or was running, sorted by id (a running slice's end is its predicted end, possibly past
+    the horizon).
     """
 
     start: float
     end: float
     iteration_end: Mapping[int, float]
     tenant_end: Mapping[str, float]
-    idle: tuple[tuple[np.ndarray, np.ndarray], ...]
     peak_memory: np.ndarray
     ooms: tuple[OOMEvent, ...]
-    slice_id: np.ndarray
-    slice_group: np.ndarray
-    slice_start: np.ndarray
-    slice_end: np.ndarray
+    _rows: "_Rows" = field(repr=False)
+
+    @cached_property
+    def idle(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        r = self._rows
+        busy = [row[1:] for row in r.busy] + [(g, a, b) for _, g, a, b in r.tail]
+        return _idle(r.cluster, busy, self.start, self.end)
+
+    @cached_property
+    def _table(self) -> np.ndarray:
+        r = self._rows
+        table = np.concatenate([RunLog(r.slices, r.chains).slice_table(), np.array(r.tail, np.float64).reshape(-1, 4)])
+        return table[np.argsort(table[:, 0], kind="stable")]
+
+    @cached_property
+    def slice_id(self) -> np.ndarray:
+        return _ro(self._table[:, 0].astype(np.int64))
+
+    @cached_property
+    def slice_group(self) -> np.ndarray:
+        return _ro(self._table[:, 1].astype(np.int64))
+
+    @cached_property
+    def slice_start(self) -> np.ndarray:
+        return _ro(self._table[:, 2].copy())
+
+    @cached_property
+    def slice_end(self) -> np.ndarray:
+        return _ro(self._table[:, 3].copy())
 
     def idle_time(self) -> np.ndarray:
         """Total idle seconds per device inside the horizon."""
         return np.array([float((e - s).sum()) for s, e in self.idle])
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """What the lazy parts of a Prediction are computed from: the run's rows as they stood when
+    it was made (list slices: a run that goes on appends to its log, never rewrites it)."""
+
+    cluster: Cluster
+    slices: list[SliceRow]
+    chains: list[SliceRow]
+    busy: list[tuple[int, int, float, float]]
+    tail: list[tuple[int, int, float, float]]
 
 
 def build_prediction(cluster: Cluster, t0: float, t1: float, live: Mapping[int, str], log: RunLog,
@@ -96,14 +135,10 @@ def build_prediction(cluster: Cluster, t0: float, t1: float, live: Mapping[int, 
     tenants: dict[str, float] = {}
     for key, tenant in live.items():
         tenants[tenant] = max(tenants.get(tenant, -np.inf), ends[key])
-    tail_rows = np.array(tail, np.float64).reshape(-1, 4)
-    table = np.concatenate([log.slice_table(), tail_rows])
-    table = table[np.argsort(table[:, 0], kind="stable")]
-    busy = [r[1:] for r in log.busy] + [(g, a, b) for _, g, a, b in tail]
     ooms = tuple(sorted((o for _, o in log.ooms), key=lambda o: (o.time, o.device, o.what, o.tenant)))
-    return Prediction(t0, t1, MappingProxyType(ends), MappingProxyType(tenants), _idle(cluster, busy, t0, t1),
-                      _ro(np.array(peak, np.float64)), ooms, _ro(table[:, 0].astype(np.int64)),
-                      _ro(table[:, 1].astype(np.int64)), _ro(table[:, 2].copy()), _ro(table[:, 3].copy()))
+    rows = _Rows(cluster, log.slices[:], log.chains[:], log.busy[:], tail)
+    return Prediction(t0, t1, MappingProxyType(ends), MappingProxyType(tenants), _ro(np.array(peak, np.float64)), ooms,
+                      rows)
 
 
 def _idle(cluster: Cluster, busy: list[tuple[int, float, float]], t0: float,

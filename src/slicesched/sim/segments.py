@@ -64,16 +64,13 @@ class Segment:
     free: np.ndarray  # [N] bytes freed per device when steps 0..N-1 end
     alloc: np.ndarray  # [N] bytes allocated per device when steps 1..N start
     traj: np.ndarray  # [2N] bytes in use relative to the start, after each free and alloc in turn
-    top: np.ndarray  # [2N] running maximum of traj
     scale: float  # slowdown of steps 1..N (as the devices stood when the segment formed)
     co: int  # other slices on the devices during steps 1..N
 
     def rest(self, c: int, chains: tuple[Chain, ...]) -> "Segment":
         """The segment from step c on (steps before it written out)."""
-        traj = self.traj[2 * c:] - self.traj[2 * c - 1]
         return Segment(self.group, chains, self.chain_of[c:], self.ids[c:], self.starts[c:], self.ends[c:],
-                       self.free[c:], self.alloc[c:], traj, np.maximum.accumulate(traj) if len(traj) else traj,
-                       self.scale, self.co)
+                       self.free[c:], self.alloc[c:], self.traj[2 * c:] - self.traj[2 * c - 1], self.scale, self.co)
 
 
 class SegmentMixin:
@@ -160,7 +157,7 @@ class SegmentMixin:
         starts[0], starts[1:] = run.start, ends[:-1]
         cut = slice(0, last + 1)
         return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1],
-                       traj[: 2 * last], top[: 2 * last], scale, co)
+                       traj[: 2 * last], scale, co)
 
     def _note_soft_reads(self: Any, seg: Segment) -> None:
         """A segment relied on the mapping of each step's chain successor; per-slice events would
@@ -254,8 +251,9 @@ class SegmentMixin:
             c = self._steps_before(seg, key)
             if c:
                 chains = self._write_steps(run, seg, c, self._devs(seg.group), requeue=False)
-                self._running[k] = run._replace(start=float(seg.starts[c]), seg=seg.rest(c, chains), scale=seg.scale,
-                                                co=seg.co)
+                # run._replace(start=..., scale=..., co=..., seg=...) without its keyword machinery
+                self._running[k] = tuple.__new__(type(run), (run.group, float(seg.starts[c]), *run[2:6], seg.scale,
+                                                             seg.co, run.version, seg.rest(c, chains)))
 
     def _write_steps(self: Any, run: "Run", seg: Segment, c: int, devs: tuple[int, ...],
                      requeue: bool) -> tuple[Chain, ...]:
@@ -266,7 +264,7 @@ class SegmentMixin:
                 nz = mem != 0
                 self.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
             else:
-                self.mem.shift(devs, float(seg.traj[2 * c - 1]), float(seg.top[2 * c - 1]), ACT)
+                self.mem.shift(devs, float(seg.traj[2 * c - 1]), float(seg.traj[: 2 * c].max()), ACT)
             if self.record:
                 self.log.busy.append((self._stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1])))
         return tuple(self._write_chain(run, seg, ci, c, devs, requeue) for ci in range(len(seg.chains)))
