@@ -67,7 +67,7 @@ class DecodeDriver:
         ctx = int(self.rng.integers(256, 2049))
         g = build_iteration(self.models[tenant], BatchShape.decode(batch, ctx), tp=self.conts[tenant].tp,
                             grain=self.grain, tenant=tenant)
-        h = self.sim.add_iteration(g)
+        h = self.sim.add_iteration(g, home=self.group[tenant])
         self.live[h.key] = tenant
         return SlicePlacement(h.slice_base, self.group[tenant], h.num_slices)
 

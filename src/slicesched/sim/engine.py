@@ -135,14 +135,15 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._soft: dict[int, tuple] | None = None  # slice -> heap key at which a segment relies on it
         self.on_event: Callable[["Simulator"], None] | None = None
 
-    def _init_outputs(self) -> None:
+    def _init_outputs(self, tracked: dict[int, str] | None = None) -> None:
         self.log = RunLog()
         self._done: list[tuple[int, int, float, float]] = []  # (slice, group, start, end)
         self._done_chains: list[SliceRow] = []
         self._finished: list[int] = []
         self._ooms: list[OOMEvent] = []
         self.op_events = 0
-        self._tracked = {k: it.graph.tenant for k, it in self.gmg.iterations.items()}
+        self._tracked = dict(tracked) if tracked is not None else {k: it.graph.tenant
+                                                                   for k, it in self.gmg.iterations.items()}
 
     # ==== driver API ===================================================================
     def add_iteration(self, graph: IterationGraph, home: int = -1) -> IterationHandle:
@@ -150,6 +151,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         `home` is the group of the engine replica that formed it (see GMG.add_iteration)."""
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self._tracked[h.key] = graph.tenant
+        if home >= 0:  # its structure and price at home, once, not in the first what-if that places it
+            info, _ = self._info_of(h.slice_base)
+            self._sh.timing.get(h.key, graph, info.model, home)
         return h
 
     def execute(self, decision: SchedulerDecision, until: float = INF, wake: str = "slice") -> StepOutcome:
@@ -828,8 +832,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._fork_plan = None
         f._owner = False
         f._reads, f._soft, f.on_event = None, None, None
-        f._init_outputs()
-        f._tracked = dict(self._tracked)
+        f._init_outputs(self._tracked)
         if running:
             f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)
             f._heap = f._rebuild_heap()
