@@ -1,8 +1,14 @@
+import dataclasses
+
 import numpy as np
 import pytest
+from _builder_reference import block_weight_bytes as reference_block_weight_bytes
+from _builder_reference import build_iteration as reference_build
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slicesched.gmg import BatchShape, Grain, OpKind, block_weight_bytes, build_iteration
-from slicesched.models.spec import model_spec
+from slicesched.models.spec import known_models, model_spec
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +110,71 @@ def test_builder_chain_equals_deps_derived_from_edges(llama8b, grain):
     g = build_iteration(llama8b, BatchShape.decode(4, 10), grain=grain)
     derived = dataclasses.replace(g, slice_dep_src=None, slice_dep_dst=None).slice_deps()
     assert all((a == b).all() for a, b in zip(g.slice_deps(), derived))
+
+
+# ---- the fast builder against a frozen copy of the original one ------------------------------
+MODELS = {name: model_spec(name) for name in known_models()}
+
+
+def assert_same_graph(got, want):
+    """Every field equal; arrays with the same dtype and shape, floats equal bit for bit."""
+    for f in dataclasses.fields(want):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if isinstance(b, np.ndarray):
+            assert isinstance(a, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f.name
+            if b.dtype.kind == "f":
+                a, b = a.view(np.int64), b.view(np.int64)
+            assert np.array_equal(a, b), f.name
+        elif f.name == "shape":
+            assert a is b
+        else:
+            assert a == b and type(a) is type(b), f.name
+
+
+def check_same(m, shape, tp, grain, with_shapes=False):
+    try:
+        want = reference_build(m, shape, tp, grain, "t", 7, with_shapes)
+    except ValueError:
+        with pytest.raises(ValueError):
+            build_iteration(m, shape, tp, grain, "t", 7, with_shapes)
+        return
+    assert_same_graph(build_iteration(m, shape, tp, grain, "t", 7, with_shapes), want)
+
+
+SHAPES = [BatchShape.decode(64, 1024), BatchShape.prefill(2048, 3),
+          BatchShape(np.array([1, 1, 300]), np.array([50, 4000, 0]), 2)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_shipped_model_matches_reference(name):
+    m = MODELS[name]
+    for tp in (1, 2, 4, 8):
+        for grain in Grain:
+            for shape in SHAPES:
+                check_same(m, shape, tp, grain)
+        try:
+            want = reference_block_weight_bytes(m, tp)
+        except ValueError:
+            continue
+        got = block_weight_bytes(m, tp)
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@st.composite
+def batch_shapes(draw):
+    kind = draw(st.sampled_from(["decode", "prefill", "mixed"]))
+    if kind == "decode":
+        return BatchShape.decode(draw(st.integers(1, 256)), draw(st.integers(0, 8192)))
+    if kind == "prefill":
+        tokens = draw(st.integers(1, 16384))
+        return BatchShape.prefill(tokens, draw(st.integers(1, min(tokens, 16))))
+    seqs = draw(st.lists(st.tuples(st.integers(1, 2048), st.integers(0, 8192)), min_size=1, max_size=12))
+    new, ctx = (np.array(c, np.int64) for c in zip(*seqs))
+    return BatchShape(new, ctx, draw(st.integers(0, len(seqs))))
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(MODELS)), dtype=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4, 8]),
+       grain=st.sampled_from(list(Grain)), shape=batch_shapes(), with_shapes=st.booleans())
+def test_builder_matches_reference(name, dtype, tp, grain, shape, with_shapes):
+    check_same(MODELS[name].with_dtype(dtype), shape, tp, grain, with_shapes)

@@ -72,6 +72,18 @@ def test_ring_grows_past_capacity_and_keeps_live_rows():
         assert (g.get("local", np.arange(h.slice_base, h.slice_base + h.num_slices)) == np.arange(h.num_slices)).all()
 
 
+
+def test_iteration_straddling_the_ring_end_gets_its_rows():
+    g = make_gmg(capacity=64)
+    g.add_iteration(it())  # rows 0..33, run and retired: the ring need not grow
+    g.retire(run_all(g)[1][0])
+    h = g.add_iteration(it("b"), now=2.0)  # rows 34..63 and 0..3
+    assert g.mask == 63 and (h.slice_base & g.mask) + h.num_slices > 64
+    ids = np.arange(h.slice_base, h.slice_base + h.num_slices)
+    assert (g.get("local", ids) == np.arange(h.num_slices)).all() and (g.get("iteration", ids) == h.key).all()
+    assert g.get("state", ids).tolist() == [SliceState.READY] + [SliceState.PENDING] * (h.num_slices - 1)
+    assert g.get("ready_t", ids[0]) == 2.0 and g.ready_slices().tolist() == [h.slice_base]
+
 def test_busy_and_idle_intervals_per_device():
     g = make_gmg()
     h = g.add_iteration(it())

@@ -1,20 +1,43 @@
 """Analytic operator graph of one serving iteration (no PyTorch needed).
 
 A layer is described once as a template of rows; the iteration is the embedding, the template
-tiled over layers with numpy, and the head. Tiling keeps a 32-layer decode graph well under a
-millisecond to build, which matters because the GMG builds one per tenant iteration.
+tiled over layers, and the head. The GMG builds one graph per tenant iteration, so a build does
+almost no Python work: everything but the numbers depends only on (model, tp, grain) and is
+built once, cached and shared read-only (`_template`). Every number of a row is affine in a few
+batch counts (`_Counts`) with integer coefficients, found once by evaluating the rows at unit
+counts; a build is one exact int64 dot product with this batch's counts, one rounding to
+float64 per number (as evaluating the row directly would do), and a gather over the layers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from slicesched.gmg.ops import BatchShape, Grain, IterationGraph, OpKind
 from slicesched.models.spec import ModelSpec
 
-_COLS = ("flops", "bytes_read", "bytes_written", "weight_bytes", "out_bytes", "kv_write_bytes", "comm_bytes")
+
+class _Counts(NamedTuple):
+    """What the rows need of a batch. Row numbers are affine in these (checked in `_coefficients`)."""
+
+    tokens: int
+    keys: int  # sum over query tokens of the keys each attends to
+    kv_read: int  # KV cache tokens read
+    logits: int  # sequences that need logits
+    touched: float = 0.0  # expected distinct experts hit (MoE); enters only as touched * bytes
+
+
+def _counts(m: ModelSpec, s: BatchShape) -> _Counts:
+    T = s.num_tokens
+    touched = 0.0
+    if m.num_experts:
+        E, k = m.num_experts, m.experts_per_token
+        touched = E * (1 - (1 - k / E) ** T)  # expected distinct experts hit by T tokens
+    return _Counts(T, s.attended_keys(), s.kv_tokens_read(), s.logits_seqs, touched)
 
 
 @dataclass(slots=True)
@@ -33,16 +56,16 @@ class _Row:
     shape: tuple[tuple[int, ...], ...] = ()
 
 
-def _layer_rows(m: ModelSpec, tp: int, s: BatchShape) -> list[_Row]:
+def _layer_rows(m: ModelSpec, tp: int, c: _Counts) -> list[_Row]:
     """One transformer layer for this batch, per device of a `tp`-way group."""
-    T, b, h = s.num_tokens, m.dtype_bytes, m.hidden
+    T, b, h = c.tokens, m.dtype_bytes, m.hidden
     q, kv = m.q_dim // tp, m.kv_dim // tp
     act = T * h * b
     norm_w = m.norm_params() * b
     qkv_w = (h * (q + 2 * kv) + ((q + 2 * kv) if m.qkv_bias else 0)) * b
     o_w = (q * h + (h if m.linear_bias else 0)) * b
-    keys = s.attended_keys()
-    kv_read = s.kv_tokens_read() * 2 * kv * b
+    keys = c.keys
+    kv_read = c.kv_read * 2 * kv * b
     rows = [
         _Row(OpKind.NORM, 4 * T * h, act, act, norm_w, act, shape=((T, h), (T, h))),
         _Row(OpKind.QKV_PROJ, 2 * T * h * (q + 2 * kv), act, T * (q + 2 * kv) * b, qkv_w,
@@ -54,14 +77,14 @@ def _layer_rows(m: ModelSpec, tp: int, s: BatchShape) -> list[_Row]:
     a = len(rows)
     rows.append(_Row(OpKind.ATTENTION, 4 * m.head_dim * (m.heads // tp) * keys, T * q * b + kv_read,
                      T * q * b, 0, T * q * b, kv=T * 2 * kv * b, inputs=(a - 1,),
-                     shape=((T, q), (s.kv_tokens_read(), 2 * kv), (T, q))))
+                     shape=((T, q), (c.kv_read, 2 * kv), (T, q))))
     rows.append(_Row(OpKind.O_PROJ, 2 * T * q * h, T * q * b, act, o_w, act, inputs=(a,),
                      shape=((T, q), (q, h), (T, h))))
     rows += _reduce_and_add(T, h, b, tp, block=0, base=len(rows), residual=-1)
     x1 = len(rows) - 1
     rows.append(_Row(OpKind.NORM, 4 * T * h, act, act, norm_w, act, inputs=(x1,), block=1,
                      shape=((T, h), (T, h))))
-    rows += _mlp_rows(m, tp, s, base=len(rows))
+    rows += _mlp_rows(m, tp, c, base=len(rows))
     rows += _reduce_and_add(T, h, b, tp, block=1, base=len(rows), residual=x1)
     return rows
 
@@ -78,22 +101,21 @@ def _reduce_and_add(T: int, h: int, b: int, tp: int, block: int, base: int, resi
     return rows
 
 
-def _mlp_rows(m: ModelSpec, tp: int, s: BatchShape, base: int) -> list[_Row]:
-    T, b, h = s.num_tokens, m.dtype_bytes, m.hidden
+def _mlp_rows(m: ModelSpec, tp: int, c: _Counts, base: int) -> list[_Row]:
+    T, b, h = c.tokens, m.dtype_bytes, m.hidden
     act = T * h * b
     i = m.intermediate // tp
     up_n = 2 * i if m.gated_mlp else i
     bias = m.linear_bias
     if m.num_experts:
         E, k = m.num_experts, m.experts_per_token
-        touched = E * (1 - (1 - k / E) ** T)  # expected distinct experts hit by T tokens
         expert_w = 3 * h * i * b
         return [
             _Row(OpKind.MOE_ROUTER, 2 * T * h * E, act, T * E * 4, h * E * b, T * E * 4, inputs=(base - 1,),
                  block=1, shape=((T, h), (h, E), (T, E))),
             # All experts must be resident; only the experts some token picked are read.
             _Row(OpKind.MOE_EXPERTS, 2 * T * k * 3 * h * i + 5 * T * k * i, act + T * E * 4, act,
-                 E * expert_w, act, inputs=(base - 1, base), block=1, weights_read=touched * expert_w,
+                 E * expert_w, act, inputs=(base - 1, base), block=1, weights_read=c.touched * expert_w,
                  shape=((T, h), (E, h, 2 * i), (E, i, h), (T, h))),
         ]
     act_flops = 5 if m.gated_mlp else 8  # SiLU(gate)*up vs GELU
@@ -107,11 +129,11 @@ def _mlp_rows(m: ModelSpec, tp: int, s: BatchShape, base: int) -> list[_Row]:
     ]
 
 
-def _head_rows(m: ModelSpec, tp: int, s: BatchShape) -> tuple[_Row, list[_Row]]:
+def _head_rows(m: ModelSpec, tp: int, c: _Counts) -> tuple[_Row, list[_Row]]:
     """Embedding (before layer 0) and final norm, LM head, sampling (after the last layer)."""
-    T, b, h = s.num_tokens, m.dtype_bytes, m.hidden
+    T, b, h = c.tokens, m.dtype_bytes, m.hidden
     act = T * h * b
-    L = s.logits_seqs  # only the last position of each finishing sequence needs logits
+    L = c.logits  # only the last position of each finishing sequence needs logits
     v = m.vocab // tp
     embed_w = (m.vocab // tp + m.learned_positions) * h * b
     # A gather: only the rows of the batch's tokens are read, not the whole table.
@@ -125,20 +147,6 @@ def _head_rows(m: ModelSpec, tp: int, s: BatchShape) -> tuple[_Row, list[_Row]]:
         _Row(OpKind.SAMPLE, 4 * L * v, L * v * 4, L * 8, 0, L * 8, inputs=(1,), shape=((L, v), (L,))),
     ]
     return embed, head
-
-
-def _columns(rows: list[_Row]) -> dict[str, np.ndarray]:
-    wr = [r.weights if r.weights_read is None else r.weights_read for r in rows]
-    return {
-        "kind": np.fromiter((r.kind for r in rows), np.int8, len(rows)),
-        "flops": np.fromiter((r.flops for r in rows), np.float64, len(rows)),
-        "bytes_read": np.fromiter((r.read for r in rows), np.float64, len(rows)) + np.asarray(wr, np.float64),
-        "bytes_written": np.fromiter((r.written for r in rows), np.float64, len(rows)),
-        "weight_bytes": np.fromiter((r.weights for r in rows), np.float64, len(rows)),
-        "out_bytes": np.fromiter((r.out for r in rows), np.float64, len(rows)),
-        "kv_write_bytes": np.fromiter((r.kv for r in rows), np.float64, len(rows)),
-        "comm_bytes": np.fromiter((r.comm for r in rows), np.float64, len(rows)),
-    }
 
 
 def _slice_ids(grain: Grain, n_layer_ops: int, layer_block: np.ndarray, layers: int) -> np.ndarray:
@@ -155,13 +163,56 @@ def _slice_ids(grain: Grain, n_layer_ops: int, layer_block: np.ndarray, layers: 
 def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain = Grain.BLOCK,
                     tenant: str = "", iteration: int = 0, with_shapes: bool = False) -> IterationGraph:
     """The op graph of one forward pass of `shape` on a `tp`-way tensor-parallel group."""
+    t = _template(m, tp, grain)
+    c = _counts(m, shape)
+    # int64 is exact (no number comes near 2**63), so each number is rounded to float once.
+    v = (np.array((1, *c[:4]), np.int64) @ t.coef).astype(np.float64)
+    if t.touched is not None:
+        v += c.touched * t.touched  # float(integer part) + touched * bytes, as the row computes it
+    v = v.reshape(8, -1)
+    v[1] += v[7]  # bytes read: activations and KV, plus the weights read
+    flops, read, written, weights, out, kv, comm = v[:7].take(t.gather, axis=1)
+    shapes = ()
+    if with_shapes:
+        rows = _all_rows(m, tp, c)
+        shapes = tuple(rows[i].shape for i in t.gather)
+    return IterationGraph(tenant, iteration, m.name, tp, shape, grain, t.kind, t.layer, flops=flops,
+                          bytes_read=read, bytes_written=written, weight_bytes=weights, out_bytes=out,
+                          kv_write_bytes=kv, comm_bytes=comm, wblock=t.wblock, slice_of=t.slice_of,
+                          edge_src=t.edge_src, edge_dst=t.edge_dst, slice_first=t.slice_first,
+                          slice_count=t.slice_count, shapes=shapes, slice_dep_src=t.dep_src,
+                          slice_dep_dst=t.dep_dst)
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """What a graph takes from (model, tp, grain) alone; its arrays are shared, read-only."""
+
+    kind: np.ndarray
+    layer: np.ndarray
+    wblock: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    slice_of: np.ndarray
+    slice_first: np.ndarray
+    slice_count: np.ndarray
+    dep_src: np.ndarray | None
+    dep_dst: np.ndarray | None
+    gather: np.ndarray  # template row of every op: 0 embedding, 1..n the layer, n+1.. the head
+    coef: np.ndarray  # int64 [5, 8 * rows], see `_coefficients`
+    touched: np.ndarray | None  # float64 [8 * rows]; None for dense models
+
+
+@lru_cache(maxsize=256)
+def _template(m: ModelSpec, tp: int, grain: Grain) -> _Template:
+    """Built once per (model, tp, grain); a build then only fills in the numbers."""
     if m.heads % tp or m.kv_heads % tp and m.kv_heads >= tp:
         raise ValueError(f"{m.name}: heads {m.heads}/{m.kv_heads} not divisible by tp={tp}")
-    layer = _layer_rows(m, tp, shape)
-    embed, head = _head_rows(m, tp, shape)
+    rows = _all_rows(m, tp, _Counts(0, 0, 0, 0))
+    layer = rows[1:-3]
     n, L = len(layer), m.layers
-    lc, ec, hc = _columns(layer), _columns([embed]), _columns(head)
-    cols = {k: np.concatenate([ec[k], np.tile(lc[k], L), hc[k]]) for k in lc}
+    gather = np.concatenate([[0], np.tile(np.arange(1, n + 1), L), [n + 1, n + 2, n + 3]])
+    kind = np.fromiter((r.kind for r in rows), np.int8)[gather]
     layer_ids = np.concatenate([[-1], np.repeat(np.arange(L), n), [L, L, L]]).astype(np.int16)
     # Weight blocks: 2*layer (attention half), 2*layer+1 (MLP half), 2L embedding, 2L+1 head,
     # so that an attention slice placed elsewhere needs only the attention weights there.
@@ -170,20 +221,54 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
                              [2 * L + 1] * 3]).astype(np.int16)
     if m.tie_embeddings:
         wblock[-2] = 2 * L  # the tied head reads the embedding matrix
-    src, dst = _edges(layer, n, L)
+    t = _Template(kind, layer_ids, wblock, *_edges(layer, n, L), *_slices(grain, halves, n, L), gather,
+                  *_coefficients(m, tp))
+    for a in (kind, layer_ids, wblock, t.slice_of, t.edge_src, t.edge_dst, t.slice_first, t.slice_count,
+              t.dep_src, t.dep_dst):
+        if a is not None:
+            a.flags.writeable = False  # shared by every graph built from this template
+    return t
+
+
+def _slices(grain: Grain, halves: np.ndarray, n: int, L: int) -> tuple[np.ndarray, ...]:
+    """Slice id of every op, first op and op count of every slice, and slice dependencies."""
     slice_of = _slice_ids(grain, n, halves.astype(np.int32), L)
     first = np.flatnonzero(np.diff(slice_of, prepend=-1)).astype(np.int32)
     count = np.diff(np.append(first, len(slice_of))).astype(np.int32)
-    shapes = ()
-    if with_shapes:
-        shapes = (embed.shape,) + tuple(r.shape for r in layer) * L + tuple(r.shape for r in head)
     # Blocks and layers consume their predecessor's output (the residual stream), so their slices
     # form a chain; single ops also have residual edges that skip ahead (derived from edges).
     chain = np.arange(len(first) - 1, dtype=np.int32) if grain != Grain.OP else None
-    return IterationGraph(tenant, iteration, m.name, tp, shape, grain, cols.pop("kind"), layer_ids,
-                          slice_of=slice_of, edge_src=src, edge_dst=dst, slice_first=first, slice_count=count,
-                          wblock=wblock, shapes=shapes, slice_dep_src=chain,
-                          slice_dep_dst=None if chain is None else chain + 1, **cols)
+    return slice_of, first, count, chain, None if chain is None else chain + 1
+
+
+def _all_rows(m: ModelSpec, tp: int, c: _Counts) -> list[_Row]:
+    """The template's rows in order: embedding, one layer, the head."""
+    embed, head = _head_rows(m, tp, c)
+    return [embed, *_layer_rows(m, tp, c), *head]
+
+
+def _numbers(m: ModelSpec, tp: int, c: _Counts) -> list[float]:
+    """All row numbers at counts `c`, number-major: 8 runs (flops, read, written, weights, out,
+    kv, comm, weights read) of one value per template row."""
+    per_row = [(r.flops, r.read, r.written, r.weights, r.out, r.kv, r.comm,
+                r.weights if r.weights_read is None else r.weights_read) for r in _all_rows(m, tp, c)]
+    return [x for number in zip(*per_row) for x in number]
+
+
+def _coefficients(m: ModelSpec, tp: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Coefficients of (1, tokens, keys, kv_read, logits) in every row number, int64 [5, numbers],
+    and of experts touched, float64 [numbers] (None if no number depends on it)."""
+    units = [_Counts(0, 0, 0, 0), _Counts(1, 0, 0, 0), _Counts(0, 1, 0, 0), _Counts(0, 0, 1, 0),
+             _Counts(0, 0, 0, 1), _Counts(0, 0, 0, 0, 1)]
+    base, *unit = (_numbers(m, tp, u) for u in units)
+    coef = [base] + [[a - b for a, b in zip(u, base)] for u in unit]
+    # The rows must be affine in the counts with integer coefficients; a probe point checks it.
+    probe = (1, 3, 5, 7, 11, 13)
+    predicted = [sum(p * k for p, k in zip(probe, ks)) for ks in zip(*coef)]
+    if predicted != _numbers(m, tp, _Counts(*probe[1:])) or any(k != int(k) for ks in coef for k in ks):
+        raise AssertionError("builder rows must be affine in _Counts with integer coefficients")
+    touched = np.array(coef.pop(), np.float64)
+    return np.array(coef, np.int64), (touched if touched.any() else None)
 
 
 def _edges(layer: list[_Row], n: int, L: int) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,8 @@ class SliceState(IntEnum):
     DONE = 3
 
 
-_READY, _RUNNING, _DONE = int(SliceState.READY), int(SliceState.RUNNING), int(SliceState.DONE)  # hot-loop ints
+_PENDING, _READY, _RUNNING, _DONE = (int(SliceState.PENDING), int(SliceState.READY), int(SliceState.RUNNING),
+                                    int(SliceState.DONE))  # hot-loop ints
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,18 +289,21 @@ class GlobalMappingGraph:
         base, key = self._next_id, self._next_key
         self._next_id += n
         self._next_key += 1
-        idx = np.arange(base, base + n) & self._mask
+        lo = base & self._mask
+        # no wrap around the ring: a plain slice writes much faster than an index array
+        idx = slice(lo, lo + n) if lo + n <= self._cap else np.arange(base, base + n) & self._mask
         src, dst = graph.slice_deps()
         preds = np.bincount(dst, minlength=n)
+        ready = preds == 0
         c = self._cols
         c["tenant"][idx] = self.tenant_index[graph.tenant]
         c["iteration"][idx] = key
         c["local"][idx] = np.arange(n)
-        c["state"][idx] = np.where(preds == 0, SliceState.READY, SliceState.PENDING)
+        c["state"][idx] = np.where(ready, _READY, _PENDING)
         c["group"][idx] = -1
         c["home"][idx] = home
         c["preds_left"][idx] = preds
-        c["ready_t"][idx] = np.where(preds == 0, now, np.inf)
+        c["ready_t"][idx] = np.where(ready, now, np.inf)
         c["start_t"][idx] = np.inf
         c["end_t"][idx] = np.inf
         c["flops"][idx] = graph.slice_sum(graph.flops)
@@ -312,7 +316,7 @@ class GlobalMappingGraph:
         ptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
         self.iterations[key] = _LiveIteration(graph, base, n, ptr, dst[order].astype(np.int64))
-        self._ready.update(int(s) for s in np.flatnonzero(preds == 0) + base)
+        self._ready.update((np.flatnonzero(ready) + base).tolist())
         return IterationHandle(key, graph.tenant, base, n)
 
     def iteration_of(self, slice_id: int) -> tuple[_LiveIteration, int]:
