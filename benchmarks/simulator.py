@@ -14,7 +14,9 @@ is perturbed (seeded noise and interference). Prints one `name: value unit` a li
   states x 40 what-ifs (the first at each state pays for planning, counted in); whatif_cold_us:
   median of those first ones.
 - incremental_speedup: full re-simulation time over incremental for one change (the tail of a
-  running iteration moved onto another device), median over states of per-state medians.
+  running iteration moved onto another device), median over states of per-state medians;
+  incremental_record_us: the recorded base run (with a checkpoint at every event) that the
+  incremental answers start from, paid once per decision however many variants are asked.
 """
 
 from __future__ import annotations
@@ -119,14 +121,17 @@ def bench_whatif(states: int = 10, per_state: int = 40) -> tuple[float, float, f
     return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6, statistics.median(cold) * 1e6
 
 
-def bench_incremental(repeats: int = 15) -> tuple[float, float, float]:
+def bench_incremental(repeats: int = 15) -> tuple[float, float, float, float]:
     """Full re-simulation over incremental for one change: the tail of t0's running iteration
-    moved onto device 1 (a borrowed device). Median of per-state medians; (speedup, full us, inc us)."""
-    ratios, fulls, incs = [], [], []
+    moved onto device 1 (a borrowed device). Median of per-state medians; (speedup, full us, inc us,
+    recording us: the base run with its checkpoints, paid once per decision)."""
+    ratios, fulls, incs, builds = [], [], [], []
     for seed in range(6):
         sim, drv, place = whatif_state(seed)
         decision = SchedulerDecision(sim.now, (place,))
+        t = time.perf_counter()
         inc = Incremental(sim, decision, 0.1)
+        builds.append(time.perf_counter() - t)
         key = next(k for k, t in drv.live.items() if t == "t0" and k in sim.gmg.iterations
                    and sim.gmg.get("state", sim.gmg.iterations[k].base) > 0)
         it = sim.gmg.iterations[key]
@@ -145,7 +150,8 @@ def bench_incremental(repeats: int = 15) -> tuple[float, float, float]:
         fulls.append(statistics.median(f_t))
         incs.append(statistics.median(i_t))
         ratios.append(fulls[-1] / incs[-1])
-    return statistics.median(ratios), statistics.median(fulls) * 1e6, statistics.median(incs) * 1e6
+    return (statistics.median(ratios), statistics.median(fulls) * 1e6, statistics.median(incs) * 1e6,
+            statistics.median(builds) * 1e6)
 
 
 def main() -> None:
@@ -156,10 +162,11 @@ def main() -> None:
     print(f"whatif_p50_us: {p50:.0f} us")
     print(f"whatif_p99_us: {p99:.0f} us")
     print(f"whatif_cold_us: {cold:.0f} us")
-    speedup, full_us, inc_us = bench_incremental()
+    speedup, full_us, inc_us, build_us = bench_incremental()
     print(f"incremental_speedup: {speedup:.2f} x")
     print(f"incremental_full_us: {full_us:.0f} us")
     print(f"incremental_us: {inc_us:.0f} us")
+    print(f"incremental_record_us: {build_us:.0f} us")
     sys.stdout.flush()
 
 

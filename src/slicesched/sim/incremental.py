@@ -3,7 +3,7 @@
 A scheduler weighing many variants of one decision (move this run there, or there...) asks
 `Incremental(sim, decision, horizon)` once: it runs the decision to the horizon while recording
 (1) the stamp at which the engine first read each slice's mapping, (2) a digest of the state
-after every event, (3) checkpoints (exact state copies) every few events, and (4) each event's
+after every event, (3) checkpoints (exact state copies) every `every` events, and (4) each event's
 memory peak window. `predict(change)` then:
 
 1. finds the earliest stamp at which any slice of `change` was read; nothing before it can
@@ -40,7 +40,10 @@ _DONE = int(SliceState.DONE)
 class Incremental:
     """A recorded what-if of `decision` over `horizon_s` that answers placement changes cheaply."""
 
-    def __init__(self, sim: Simulator, decision: SchedulerDecision, horizon_s: float, every: int = 4) -> None:
+    def __init__(self, sim: Simulator, decision: SchedulerDecision, horizon_s: float, every: int = 1) -> None:
+        """`every`: events between checkpoints. A what-if horizon holds a few dozen events at
+        most, so a checkpoint at each one (a state copy each, paid once here) keeps the
+        re-simulation of every variant as short as it can be; raise it for long horizons."""
         self._sim, self._decision, self.horizon_s = sim, decision, horizon_s
         self.t1 = sim.now + horizon_s
         self.every = every
