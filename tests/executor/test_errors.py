@@ -7,16 +7,7 @@ import torch
 
 from slicesched.executor import CompileOptions, SliceError, compile_exported
 from slicesched.models.capture import CaptureError, export_module
-
-
-class _Branchy(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.proj(x)
-        return y * 2 if y.sum() > 0 else y  # branches on a tensor value
+from torch_helpers import Branchy
 
 
 class _InPlaceInput(torch.nn.Module):
@@ -27,7 +18,7 @@ class _InPlaceInput(torch.nn.Module):
 
 def test_data_dependent_control_flow_is_a_capture_error():
     with pytest.raises(CaptureError, match="data-dependent") as e:
-        export_module(_Branchy(), (torch.randn(2, 4),))
+        export_module(Branchy(), (torch.randn(2, 4),))
     assert "forward" in str(e.value)
 
 

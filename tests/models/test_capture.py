@@ -9,6 +9,7 @@ import torch
 from slicesched.gmg import BatchShape, Grain, OpKind, build_iteration
 from slicesched.models.capture import CaptureError, capture, capture_compiled, capture_step
 from slicesched.models.spec import from_hf_config
+from torch_helpers import Branchy
 
 transformers = pytest.importorskip("transformers")
 
@@ -129,21 +130,9 @@ def test_no_op_is_costed_by_fallback(captured):
     assert captured[2].unknown_ops == ()
 
 
-class _Branchy(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.proj(x)
-        if y.sum() > 0:  # data-dependent control flow: export must refuse it
-            return y * 2
-        return y
-
-
 def test_data_dependent_control_flow_raises_capture_error_naming_the_code():
     with pytest.raises(CaptureError, match="data-dependent") as e:
-        capture(_Branchy(), (torch.randn(2, 4),))
+        capture(Branchy(), (torch.randn(2, 4),))
     assert e.value.node is not None and "forward" in e.value.node
 
 

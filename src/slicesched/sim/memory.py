@@ -146,17 +146,12 @@ class MemoryLedger:
         if len(deltas) == 0:
             return
         rel = np.cumsum(deltas)
-        total, top = float(rel[-1]), float(rel.max())
-        peak = self.peak_seen
-        for d in devices:
-            u = self.used(d)
-            self._add(d, cat, total)
-            if u + top > peak[d]:
-                peak[d] = u + top
-            if self.record:
-                k = len(deltas)
+        if self.record:  # rows first: they read what is in use before the change
+            k = len(deltas)
+            for d in devices:
                 self.log.extend(zip([self.stamp] * k, times.tolist(), [d] * k, [cat] * k, deltas.tolist(),
-                                    (u + rel).tolist()))
+                                    (self.used(d) + rel).tolist()))
+        self.shift(devices, float(rel[-1]), float(rel.max()), cat)
 
     def take_window_peak(self) -> list[float]:
         """Peak per device since the last call, then restart from what is in use now (the
