@@ -65,11 +65,14 @@ class MemoryLedger:
         """A copy bound to `gmg` (itself a fork of ours) that tracks peaks but keeps no log rows
         (a what-if needs peaks, and logging every chain step would cost more than simulating it)."""
         m = MemoryLedger.__new__(MemoryLedger)
-        m.bind(gmg)
+        # `bind` without recomputing `rest`: the fork's counters are copies of ours (a what-if's
+        # first fork meets cold caches, where every numpy call costs tens of microseconds)
+        m.gmg, m.arrays, m.weights = gmg, (gmg.mem_weights, gmg.mem_kv, gmg.mem_act, gmg.mem_xfer), gmg.mem_weights
+        m.rest = list(self.rest)
         m.cap, m.stamp, m.record, m.t0, m.log = self.cap, self.stamp, False, now, []
         m.kv = {t: list(v) for t, v in self.kv.items()}
         m.initial = np.stack(m.arrays)  # a copy
-        m.peak_seen = m.initial.sum(0).tolist()
+        m.peak_seen = [w + r for w, r in zip(gmg.mem_weights.tolist(), m.rest)]
         return m
 
     def used(self, d: int) -> float:

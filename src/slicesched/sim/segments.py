@@ -64,13 +64,17 @@ class Segment:
     free: np.ndarray  # [N] bytes freed per device when steps 0..N-1 end
     alloc: np.ndarray  # [N] bytes allocated per device when steps 1..N start
     traj: np.ndarray  # [2N] bytes in use relative to the start, after each free and alloc in turn
+    top: np.ndarray | None  # [2N] running maximum of traj, as planned (None once synced: see rest)
     scale: float  # slowdown of steps 1..N (as the devices stood when the segment formed)
     co: int  # other slices on the devices during steps 1..N
 
     def rest(self, c: int, chains: tuple[Chain, ...]) -> "Segment":
-        """The segment from step c on (steps before it written out)."""
+        """The segment from step c on (steps before it written out). Its running maximum is left
+        to be taken when steps are written (a replay syncs every segment at every wake, where
+        recomputing it whole each time cost more than the few maxima ever asked of it)."""
         return Segment(self.group, chains, self.chain_of[c:], self.ids[c:], self.starts[c:], self.ends[c:],
-                       self.free[c:], self.alloc[c:], self.traj[2 * c:] - self.traj[2 * c - 1], self.scale, self.co)
+                       self.free[c:], self.alloc[c:], self.traj[2 * c:] - self.traj[2 * c - 1], None, self.scale,
+                       self.co)
 
 
 class SegmentMixin:
@@ -105,6 +109,10 @@ class SegmentMixin:
             return plain
         if waiting:
             self._queue[:] = [q for q in self._queue if q not in waiting]
+        return [self._install(s, run, devs, seg)]
+
+    def _install(self: Any, s: int, run: "Run", devs: tuple[int, ...], seg: Segment) -> Event:
+        """Let `seg` stand for running slice s on its devices; its end event."""
         if self._soft is not None:
             self._note_soft_reads(seg)
         key = int(seg.ids[-1])
@@ -114,7 +122,7 @@ class SegmentMixin:
         for d in devs:
             self._seg_on[d] = key
         self._nseg += 1
-        return [(float(seg.ends[-1]), Prio.SLICE_END, key, run.version)]
+        return (float(seg.ends[-1]), Prio.SLICE_END, key, run.version)
 
     def _chain_steps(self: Any, c: Chain, g: int, devs: tuple[int, ...]) -> int:
         """How many steps chain c can take here; every one but the last ends locally."""
@@ -157,7 +165,7 @@ class SegmentMixin:
         starts[0], starts[1:] = run.start, ends[:-1]
         cut = slice(0, last + 1)
         return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1],
-                       traj[: 2 * last], scale, co)
+                       traj[: 2 * last], top[: 2 * last], scale, co)
 
     def _note_soft_reads(self: Any, seg: Segment) -> None:
         """A segment relied on the mapping of each step's chain successor; per-slice events would
@@ -264,7 +272,8 @@ class SegmentMixin:
                 nz = mem != 0
                 self.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
             else:
-                self.mem.shift(devs, float(seg.traj[2 * c - 1]), float(seg.traj[: 2 * c].max()), ACT)
+                top = seg.traj[: 2 * c].max() if seg.top is None else seg.top[2 * c - 1]
+                self.mem.shift(devs, float(seg.traj[2 * c - 1]), float(top), ACT)
             if self.record:
                 self.log.busy.append((self._stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1])))
         return tuple(self._write_chain(run, seg, ci, c, devs, requeue) for ci in range(len(seg.chains)))
@@ -333,11 +342,61 @@ class SegmentMixin:
     # ---- whole-simulator ------------------------------------------------------------------
     def _form_segments(self: Any) -> None:
         """Turn running slices into segments where possible (a fresh fork: saves one event per
-        running slice; exact, since the plan starts from the slice's known end)."""
+        running slice; exact, since the plan starts from the slice's known end). With one stream
+        per device, running slices hold disjoint devices and planning one changes nothing another
+        reads, so the single-chain ones (the common case) are planned together."""
+        lone = []
         for s in sorted(self._running):
             run = self._running.get(s)
-            if run is not None and run.seg is None:
-                self._push(self._try_segment(s, run, self._devs(run.group)))
+            if run is None or run.seg is not None:
+                continue
+            devs = self._devs(run.group)
+            if self.streams > 1 or not run.timing.all_positive or self._waiting_on(devs):
+                self._push(self._try_segment(s, run, devs))
+                continue
+            chain = Chain(run.info, run.local, run.timing, run.start, True)
+            last = self._chain_steps(chain, run.group, devs) - 1  # _step_of(0, n - 1, 1)
+            if last > 0 and not any(self._seg_on[d] is not None for d in devs):
+                lone.append((s, run, devs, chain, last))
+        if lone:
+            self._push([self._install(s, run, devs, seg) for (s, run, devs, _, _), seg
+                        in zip(lone, self._plan_lone(lone)) if seg is not None])
+
+    def _waiting_on(self: Any, devs: tuple[int, ...]) -> bool:
+        mine = set(devs)
+        return any(not mine.isdisjoint(self._devs(q[2])) for q in self._queue)
+
+    def _plan_lone(self: Any, lone: list) -> list[Segment | None]:
+        """`_plan` for many single-chain segments at once: each row of a 2-D cumulative sum
+        adds exactly what the 1-D one adds, in the same order (zero padding after a row's end
+        changes nothing before it), so the plans are bit for bit those made one by one."""
+        k, width = len(lone), max(x[4] for x in lone)
+        dur, steps = np.zeros((k, width + 1)), np.zeros((k, 2 * width))
+        scales, rooms = np.ones(k), np.empty(k)
+        mem = self.mem
+        for i, (_, run, devs, c, last) in enumerate(lone):
+            j = c.first
+            dur[i, 1: last + 1] = c.timing.slice_arr[j + 1: j + last + 1]
+            steps[i, : 2 * last] = c.info.steps[2 * j: 2 * (j + last)]
+            scales[i] = self._scale(devs, 0)
+            rooms[i] = min(mem.cap[d] - mem.used(d) for d in devs)
+        if (scales != 1.0).any():
+            dur *= scales[:, None]
+        dur[:, 0] = [x[1].end for x in lone]  # step 0 ends where it was due
+        ends = np.cumsum(dur, axis=1)
+        starts = np.empty_like(ends)
+        starts[:, 0], starts[:, 1:] = [x[1].start for x in lone], ends[:, :-1]
+        traj = np.cumsum(steps, axis=1)
+        top = np.maximum.accumulate(traj, axis=1)
+        fits = (top[:, 1::2] <= rooms[:, None]).sum(axis=1)
+        out: list[Segment | None] = []
+        for i, (_, run, _, c, last) in enumerate(lone):
+            n = min(int(fits[i]), last)  # `_memory_reach`
+            j = c.first
+            out.append(Segment(run.group, (c,), _zeros(n + 1), c.info.ids[j: j + n + 1], starts[i, : n + 1],
+                               ends[i, : n + 1], c.info.step_free[j: j + n], c.info.step_alloc[j + 1: j + n + 1],
+                               traj[i, : 2 * n], top[i, : 2 * n], float(scales[i]), 0) if n else None)
+        return out
 
     def _settle(self: Any, until: float) -> None:
         """Split every segment at `until` (end of a run, or before a per-slice `execute`)."""
