@@ -12,8 +12,10 @@ from slicesched.gmg import BatchShape, Grain, build_iteration
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.driver import ReplayDriver
-from slicesched.replay.experiment import RunSpec, run_one
+from slicesched.replay.experiment import RunSpec, _summarize, run_one
+from slicesched.replay.report import comparison_table
 from slicesched.sched import make_scheduler
+from slicesched.serving import RequestState
 from slicesched.traces import Trace
 
 
@@ -65,7 +67,8 @@ def test_a_lone_request_meets_its_sla_whatever_its_prompt_length():
     from slicesched.serving import summarize
 
     sc = scenario(ONE_GPU.replace("perturbation_cv = 0.0", "perturbation_cv = 0.0\n    grain = \"block\"")
-                  .replace('    grain = "layer"\n', ""))
+                  .replace('    grain = "layer"\n', "")
+                  .replace("llama-2-7b", "mistral-7b"))  # 32k context: the 12k prompt is chunked, not refused
     prompts = [64, 900, 12000]
     trace = Trace.from_columns("t", [0.0, 100.0, 200.0], prompts, [8, 8, 8], ["a"] * 3)
     slas = isolated_slas(sc, make_cost_model(), trace)
@@ -127,7 +130,7 @@ MULTI = """
 def test_each_baseline_completes_a_multi_tenant_replay(name):
     r = run_one(scenario(MULTI), RunSpec(name, 1.0))
     o = r.summary.overall
-    assert o.completed == o.requests > 100
+    assert o.completed + o.rejected == o.requests > 100  # rejected: beyond the model's context
     assert r.ooms == 0
 
 
@@ -141,5 +144,33 @@ def test_slicesched_harvests_idle_containers_and_beats_dedicated_on_sla():
     base = run_one(sc, RunSpec("dedicated", 1.0))
     ours = run_one(sc, RunSpec("slicesched", 1.0))
     assert ours.guests >= 1 and ours.ooms == 0
-    assert ours.summary.overall.completed == ours.summary.overall.requests
+    o = ours.summary.overall
+    assert o.completed + o.rejected == o.requests
     assert ours.violation_rate < 0.75 * base.violation_rate
+
+
+# ---- context window ----------------------------------------------------------------------------
+
+def test_request_beyond_the_model_context_is_rejected_and_counted():
+    sc = scenario(ONE_GPU)  # llama-2-7b: 4096 positions
+    trace = Trace.from_columns("t", [0.0], [4000], [97], ["a"])  # 4097 tokens
+    res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run()
+    (req,) = res.requests
+    assert req.state is RequestState.REJECTED and req.num_generated == 0
+    assert (res.stats.rejected, res.stats.over_context) == (1, 1)
+
+
+def test_request_exactly_at_the_model_context_is_served():
+    sc = scenario(ONE_GPU)
+    trace = Trace.from_columns("t", [0.0], [4000], [96], ["a"])  # 4096 tokens
+    res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run()
+    (req,) = res.requests
+    assert req.is_finished and req.num_generated == 96 and not req.truncated
+    assert res.stats.rejected == 0
+
+
+def test_summary_table_reports_rejections_beyond_the_context():
+    sc = scenario(ONE_GPU)
+    trace = Trace.from_columns("t", [0.0, 0.1], [4000, 100], [97, 4], ["a", "a"])
+    row = comparison_table([_summarize(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
+    assert (row.requests, row.completed, row.rejected, row.over_context) == (2, 1, 1, 1)

@@ -105,6 +105,25 @@ def test_idle_histogram_on_hand_built_intervals() -> None:
     assert len(h.to_frame()) == 8
 
 
+def rejected(i: int, tenant: str, arrival: float) -> Request:
+    return Request(i, tenant, arrival, 4000, 200, state=RequestState.REJECTED)
+
+
+def test_rejected_request_is_counted_as_rejected_not_completed() -> None:
+    s = summarize([done(0, "a", 0.0, 0.5, 0.95, 100, 10), rejected(1, "a", 1.0)], makespan_s=END)
+    a = s.tenant("a")
+    assert (a.requests, a.completed, a.rejected) == (2, 1, 1)
+    assert s.overall.rejected == 1
+
+
+def test_rejected_request_is_an_sla_violation_even_right_after_arrival() -> None:
+    # refused 0.1 s before the end, well inside its TTFT SLO: an unfinished request would be undecided
+    s = summarize([done(0, "a", 0.0, 0.5, 0.95, 100, 10), rejected(1, "a", END - 0.1)], END, {"a": SLA_A})
+    assert (s.overall.judged, s.overall.violations) == (2, 1)
+    assert SLA_A.judge(rejected(2, "a", END - 0.1), END) is True
+    assert request_frame([rejected(1, "a", 0.0)], {"a": SLA_A}, END)["violated"].tolist() == [True]
+
+
 def test_throughput_at_sla_bisects_to_the_known_threshold() -> None:
     threshold = 2.37
 

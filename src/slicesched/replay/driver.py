@@ -28,7 +28,7 @@ from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, WeightCopy, WeightEviction)
-from slicesched.serving import SLA, Batch, KVBlockManager, Request, TenantEngine, blocks_for
+from slicesched.serving import SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
@@ -69,6 +69,7 @@ class RunStats:
     container_moves: int
     rejected: int
     guests: int
+    over_context: int = 0  # of `rejected`: prompt + output beyond the model's context window
 
 
 @dataclass(slots=True)
@@ -167,6 +168,7 @@ class ReplayDriver:
         self.iterations = 0
         self.moves = 0
         self.rejected = 0
+        self.over_context = 0
         self.guests_started = 0
         scheduler.attach(self)
 
@@ -255,8 +257,15 @@ class ReplayDriver:
         mine = self.replicas_of(req.tenant)
         reps = [rs for rs in mine if not rs.draining] or mine  # all moving: least loaded draining one
         target = min(reps, key=lambda rs: rs.relative_load)
-        if req.prompt_tokens >= target.engine.max_model_len:
-            self.rejected += 1  # longer than the model/KV pool allows: refused, never served
+        # Refused, never served, as vLLM's API refuses them: prompt + requested output beyond the
+        # model's context window (the trace's output length stands in for the client's max_tokens;
+        # only this check sees it, never a scheduler), or a prompt beyond the KV pool.
+        ctx = self.models[req.tenant].max_context
+        over = ctx is not None and req.prompt_tokens + req.output_tokens > ctx
+        if over or req.prompt_tokens >= target.engine.max_model_len:
+            self.rejected += 1
+            self.over_context += over
+            req.state = RequestState.REJECTED
             return None
         target.engine.add_request(req, req.arrival_s)
         return target
@@ -452,7 +461,7 @@ class ReplayDriver:
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
-                         self.rejected, self.guests_started)
+                         self.rejected, self.guests_started, self.over_context)
         timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)

@@ -49,6 +49,7 @@ class RunSummary:
     guests: int
     rejected: int
     timeline: dict | None
+    over_context: int = 0  # of `rejected`: prompt + output beyond the model's context window
 
     @property
     def violation_rate(self) -> float:
@@ -79,7 +80,7 @@ def _summarize(res: RunResult) -> RunSummary:
     s = res.stats
     return RunSummary(res.scheduler, res.rate_scale, summary, frame, res.busy, res.num_devices, res.makespan_s,
                       s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests, s.rejected,
-                      res.timeline)
+                      res.timeline, s.over_context)
 
 
 def _run_task(args: tuple[Scenario, RunSpec, float | None]) -> RunSummary:

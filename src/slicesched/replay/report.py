@@ -33,7 +33,8 @@ def comparison_table(runs: list[RunSummary]) -> pd.DataFrame:
             "token_tput": o.token_throughput, "output_tput": o.output_throughput,
             "ttft_p50_s": o.ttft_p50, "ttft_p99_s": o.ttft_p99, "tpot_p50_s": o.tpot_p50, "tpot_p99_s": o.tpot_p99,
             "sla_violation": o.violation_rate, "preemptions": o.preemptions, "ooms": r.ooms,
-            "moves": r.container_moves, "guests": r.guests, "rejected": r.rejected, "busy_frac": _busy_fraction(r), "sim_wall_s": r.wall_s,
+            "moves": r.container_moves, "guests": r.guests, "rejected": r.rejected, "over_context": r.over_context,
+            "busy_frac": _busy_fraction(r), "sim_wall_s": r.wall_s,
         })
     df = pd.DataFrame(rows)
     if df.empty:
@@ -57,7 +58,8 @@ def print_table(df: pd.DataFrame, title: str) -> None:
     cols = [("scheduler", "{}"), ("rate_scale", "{:g}"), ("completed", "{}"), ("token_tput", "{:,.0f}"),
             ("output_tput", "{:,.0f}"), ("ttft_p50_s", "{:.3f}"), ("ttft_p99_s", "{:.3f}"),
             ("tpot_p50_s", "{:.4f}"), ("tpot_p99_s", "{:.4f}"), ("sla_violation", "{:.1%}"), ("ooms", "{}"),
-            ("moves", "{}"), ("guests", "{}"), ("busy_frac", "{:.1%}"), ("vs_dedicated", "{:.2f}x")]
+            ("moves", "{}"), ("guests", "{}"), ("rejected", "{}"), ("busy_frac", "{:.1%}"),
+            ("vs_dedicated", "{:.2f}x")]
     names = {"token_tput": "tok/s", "output_tput": "out tok/s", "sla_violation": "SLA viol", "busy_frac": "busy",
              "vs_dedicated": "vs dedicated", "rate_scale": "rate x"}
     for c, _ in cols:

@@ -8,6 +8,9 @@ columnar numpy after one pass over the requests; pandas only builds the report f
 
 Latency percentiles are over completed requests (TPOT over those with two or more tokens).
 Violation rates follow ``serving.sla``: undecided unfinished requests are left out of both sides.
+A rejected request (refused at arrival: prompt + output beyond the model's context window, or a
+prompt beyond the KV pool) is counted in ``rejected``, never as completed, and as a violation:
+its client got an error instead of tokens (vLLM answers such a request with HTTP 400).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
     has_sla = ~np.isnan(ttft_slo)
     decided, violated = judge_arrays(cols["arrival_s"], cols["first_token_s"], cols["finish_s"],
                                      cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s)
-    return has_sla, decided & has_sla, violated & has_sla
+    rejected = cols["state"] == str(RequestState.REJECTED)
+    return has_sla, (decided | rejected) & has_sla, (violated | rejected) & has_sla
 
 
 def request_frame(requests: Iterable[Request], slas: Mapping[str, SLA] | None = None,
@@ -89,12 +93,14 @@ class TenantSummary:
     """Metrics of one tenant (or of all, with ``tenant == ALL_TENANTS``) over one run.
 
     Throughputs are tokens per second of makespan; latencies in seconds (NaN if no sample);
-    ``violation_rate = violations / judged`` (NaN with no SLA or nothing judged).
+    ``violation_rate = violations / judged`` (NaN with no SLA or nothing judged); ``rejected``
+    requests were refused at arrival and are among the violations (see the module docstring).
     """
 
     tenant: str
     requests: int
     completed: int
+    rejected: int
     token_throughput: float
     output_throughput: float
     ttft_p50: float
@@ -147,8 +153,9 @@ def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, ha
     judged = int((mask & decided).sum())
     violations = int((mask & violated).sum())
     rate = violations / judged if judged else math.nan
+    rejected = int((mask & (cols["state"] == str(RequestState.REJECTED))).sum())
     return TenantSummary(
-        name, int(mask.sum()), int(done.sum()), all_tokens / makespan_s, out_tokens / makespan_s,
+        name, int(mask.sum()), int(done.sum()), rejected, all_tokens / makespan_s, out_tokens / makespan_s,
         *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
         *_percentiles(cols["e2e_s"][done]), judged, violations, rate,
         int(cols["preemptions"][mask].sum()))
