@@ -22,7 +22,7 @@ def test_replay_writes_table_metrics_plots_and_trace(tmp_path, tiny_scenario_tom
     r = runner.invoke(app, ["replay", str(sc), "--out", str(out), "--jobs", "1"])
     assert r.exit_code == 0, r.output
     assert "dedicated" in r.output and "temporal-mux" in r.output
-    for f in ("summary.csv", "per_tenant.csv", "requests.parquet", "throughput.png", "latency_cdf.png",
+    for f in ("summary.csv", "per_tenant.csv", "devices.csv", "requests.parquet", "throughput.png", "latency_cdf.png",
               "utilization.png", "idle_slices.png", "trace.perfetto.json", "run.json"):
         assert (out / f).stat().st_size > 0, f
     assert set(pd.read_csv(out / "summary.csv").scheduler) == {"dedicated", "temporal-mux"}

@@ -87,7 +87,7 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, s
         _print_sla_search(sc, names, duration, *sla_search)
     folder = write_outputs(out or Path("runs") / sc.name, runs, df,
                            {"scenario": sc.source_path, "schedulers": names, "rate_scales": scales}, plots)
-    typer.echo(f"wrote {folder}/ (summary.csv, per_tenant.csv, requests.parquet, plots, trace.perfetto.json)")
+    typer.echo(f"wrote {folder}/ (summary.csv, per_tenant.csv, devices.csv, requests.parquet, plots, trace.perfetto.json)")
 
 
 def _print_sla_search(sc, names: list[str], duration, lo: float, hi: float) -> None:

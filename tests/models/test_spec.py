@@ -55,3 +55,19 @@ def test_hf_config_dict_equals_transformers_param_count():
     model = transformers.LlamaForCausalLM(cfg)
     spec = from_hf_config(cfg.to_dict())
     assert spec.num_params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,ctx", [("llama-2-7b", 4096), ("llama-3-8b", 8192), ("mistral-7b", 32768),
+                                      ("opt-6.7b", 2048)])
+def test_max_context_is_max_position_embeddings(name, ctx):
+    assert model_spec(name).max_context == ctx
+
+
+def test_gpt2_max_context_is_n_positions():
+    assert model_spec("gpt2").max_context == 1024
+
+
+def test_config_without_positions_has_no_context_limit():
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": 100}
+    assert from_hf_config(cfg).max_context is None

@@ -12,8 +12,10 @@ from slicesched.gmg import BatchShape, Grain, build_iteration
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.driver import ReplayDriver
-from slicesched.replay.experiment import RunSpec, run_one
+from slicesched.replay.experiment import RunSpec, _summarize, run_one
+from slicesched.replay.report import comparison_table
 from slicesched.sched import make_scheduler
+from slicesched.serving import RequestState, harvest_share
 from slicesched.traces import Trace
 
 
@@ -37,6 +39,16 @@ ONE_GPU = """
 """
 
 
+def iteration_costs(model: str, prompt: int, output: int, tp: int, dev, link) -> tuple[float, list[float]]:
+    """Cost-model seconds of a lone request's prefill and of each of its decodes."""
+    cost, m = make_cost_model(), model_spec(model)
+
+    def t(shape):
+        return cost.op_times(build_iteration(m, shape, tp, Grain.LAYER), dev, link).sum()
+
+    return t(BatchShape.prefill(prompt)), [t(BatchShape.decode(1, prompt + i)) for i in range(output - 1)]
+
+
 def test_single_request_latency_matches_hand_computed_cost():
     """One request alone on one GPU: TTFT is one prefill iteration, each later token one decode."""
     sc = scenario(ONE_GPU)
@@ -45,13 +57,7 @@ def test_single_request_latency_matches_hand_computed_cost():
     drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace)
     res = drv.run()
     (req,) = res.requests
-    cost, m, h100 = make_cost_model(), model_spec("llama-2-7b"), DEVICES["H100-80GB"]
-
-    def t(shape):
-        return cost.op_times(build_iteration(m, shape, 1, Grain.LAYER), h100, LINKS["local"]).sum()
-
-    prefill = t(BatchShape.prefill(prompt))
-    decodes = [t(BatchShape.decode(1, prompt + i)) for i in range(output - 1)]
+    prefill, decodes = iteration_costs("llama-2-7b", prompt, output, 1, DEVICES["H100-80GB"], LINKS["local"])
     assert req.ttft_s == pytest.approx(prefill, rel=1e-9)
     assert req.e2e_s == pytest.approx(prefill + sum(decodes), rel=1e-9)
     assert req.tpot_s == pytest.approx(sum(decodes) / (output - 1), rel=1e-9)
@@ -65,7 +71,8 @@ def test_a_lone_request_meets_its_sla_whatever_its_prompt_length():
     from slicesched.serving import summarize
 
     sc = scenario(ONE_GPU.replace("perturbation_cv = 0.0", "perturbation_cv = 0.0\n    grain = \"block\"")
-                  .replace('    grain = "layer"\n', ""))
+                  .replace('    grain = "layer"\n', "")
+                  .replace("llama-2-7b", "mistral-7b"))  # 32k context: the 12k prompt is chunked, not refused
     prompts = [64, 900, 12000]
     trace = Trace.from_columns("t", [0.0, 100.0, 200.0], prompts, [8, 8, 8], ["a"] * 3)
     slas = isolated_slas(sc, make_cost_model(), trace)
@@ -127,7 +134,7 @@ MULTI = """
 def test_each_baseline_completes_a_multi_tenant_replay(name):
     r = run_one(scenario(MULTI), RunSpec(name, 1.0))
     o = r.summary.overall
-    assert o.completed == o.requests > 100
+    assert o.completed + o.rejected == o.requests > 100  # rejected: beyond the model's context
     assert r.ooms == 0
 
 
@@ -141,5 +148,82 @@ def test_slicesched_harvests_idle_containers_and_beats_dedicated_on_sla():
     base = run_one(sc, RunSpec("dedicated", 1.0))
     ours = run_one(sc, RunSpec("slicesched", 1.0))
     assert ours.guests >= 1 and ours.ooms == 0
-    assert ours.summary.overall.completed == ours.summary.overall.requests
+    o = ours.summary.overall
+    assert o.completed + o.rejected == o.requests
     assert ours.violation_rate < 0.75 * base.violation_rate
+
+
+# ---- context window ----------------------------------------------------------------------------
+
+def test_request_beyond_the_model_context_is_rejected_and_counted():
+    sc = scenario(ONE_GPU)  # llama-2-7b: 4096 positions
+    trace = Trace.from_columns("t", [0.0], [4000], [97], ["a"])  # 4097 tokens
+    res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run()
+    (req,) = res.requests
+    assert req.state is RequestState.REJECTED and req.num_generated == 0
+    assert (res.stats.rejected, res.stats.over_context) == (1, 1)
+
+
+def test_request_exactly_at_the_model_context_is_served():
+    sc = scenario(ONE_GPU)
+    trace = Trace.from_columns("t", [0.0], [4000], [96], ["a"])  # 4096 tokens
+    res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run()
+    (req,) = res.requests
+    assert req.is_finished and req.num_generated == 96 and not req.truncated
+    assert res.stats.rejected == 0
+
+
+def test_summary_table_reports_rejections_beyond_the_context():
+    sc = scenario(ONE_GPU)
+    trace = Trace.from_columns("t", [0.0, 0.1], [4000, 100], [97, 4], ["a", "a"])
+    row = comparison_table([_summarize(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
+    assert (row.requests, row.completed, row.rejected, row.over_context) == (2, 1, 1, 1)
+
+
+# ---- share of idle slices harvested ------------------------------------------------------------
+
+def two_gpus(tiny_toml: str):
+    """Two qwen2.5-1.5b tenants, one GPU each in the scenario, unperturbed."""
+    return scenario(tiny_toml + "perturbation_cv = 0.0\n")  # [replay] is its last table
+
+
+def test_dedicated_harvests_nothing_on_any_device(tiny_scenario_toml):
+    r = run_one(two_gpus(tiny_scenario_toml), RunSpec("dedicated", 1.0))
+    assert all(d.home_busy_s > 0 for d in r.harvest.devices)
+    assert [d.harvested_s for d in r.harvest.devices] == [0.0, 0.0] and r.harvest.share == 0.0
+
+
+def test_temporal_mux_harvest_of_one_request_is_its_compute_on_the_other_tenants_device(tiny_scenario_toml):
+    """a alone, co-located with b over both GPUs: all of a's tp=2 compute is harvested on b's GPU."""
+    sc = two_gpus(tiny_scenario_toml)
+    trace = Trace.from_columns("one", [0.5], [300], [5], ["a"])
+    drv = ReplayDriver(sc, make_scheduler("temporal-mux", sc), trace)
+    res = drv.run()
+    prefill, decodes = iteration_costs("qwen2.5-1.5b", 300, 5, 2, drv.cluster.device_specs[0], drv.cluster.link(0, 1))
+    compute = prefill + sum(decodes)
+    a_home, b_home = harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s).devices
+    assert (a_home.home, a_home.harvested_s, b_home.home, b_home.home_busy_s) == ("a", 0.0, "b", 0.0)
+    assert b_home.harvested_s == pytest.approx(compute, rel=1e-9)
+    assert b_home.share == pytest.approx(compute / res.makespan_s, rel=1e-9)  # idle: the rest
+
+
+@pytest.fixture(scope="module")
+def slicesched_multi():
+    return run_one(scenario(MULTI.replace("duration_s = 8", "duration_s = 4")), RunSpec("slicesched", 1.0))
+
+
+def test_slicesched_guests_harvest_the_cold_tenants_devices(slicesched_multi):
+    r = slicesched_multi
+    assert r.guests >= 1
+    by_home = {d.home: [] for d in r.harvest.devices}
+    for d in r.harvest.devices:
+        by_home[d.home].append(d.share)
+    assert by_home["hot"] == [0.0, 0.0] and min(by_home["cold"]) > 0.5
+
+
+def test_tenant_attribution_accounts_for_every_busy_second(slicesched_multi):
+    r = slicesched_multi
+    for d in r.harvest.devices:
+        logged = float((r.busy[d.device][:, 1] - r.busy[d.device][:, 0]).sum())
+        assert d.home_busy_s + d.harvested_s == pytest.approx(logged, rel=1e-12)
+        assert d.home_busy_s + d.harvested_s + d.idle_s == pytest.approx(r.makespan_s, rel=1e-12)

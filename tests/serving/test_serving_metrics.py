@@ -9,6 +9,7 @@ import pytest
 from slicesched.serving.metrics import (
     ALL_TENANTS,
     busy_fraction,
+    harvest_share,
     idle_interval_histogram,
     idle_intervals,
     request_frame,
@@ -103,6 +104,47 @@ def test_idle_histogram_on_hand_built_intervals() -> None:
     assert h.counts["d1"].tolist() == [0, 0, 0, 1]  # the last bin is closed, as in np.histogram
     assert h.idle_s["d0"] == pytest.approx(0.5505) and h.idle_s["d1"] == 10.0
     assert len(h.to_frame()) == 8
+
+
+def rejected(i: int, tenant: str, arrival: float) -> Request:
+    return Request(i, tenant, arrival, 4000, 200, state=RequestState.REJECTED)
+
+
+def test_rejected_request_is_counted_as_rejected_not_completed() -> None:
+    s = summarize([done(0, "a", 0.0, 0.5, 0.95, 100, 10), rejected(1, "a", 1.0)], makespan_s=END)
+    a = s.tenant("a")
+    assert (a.requests, a.completed, a.rejected) == (2, 1, 1)
+    assert s.overall.rejected == 1
+
+
+def test_rejected_request_is_an_sla_violation_even_right_after_arrival() -> None:
+    # refused 0.1 s before the end, well inside its TTFT SLO: an unfinished request would be undecided
+    s = summarize([done(0, "a", 0.0, 0.5, 0.95, 100, 10), rejected(1, "a", END - 0.1)], END, {"a": SLA_A})
+    assert (s.overall.judged, s.overall.violations) == (2, 1)
+    assert SLA_A.judge(rejected(2, "a", END - 0.1), END) is True
+    assert request_frame([rejected(1, "a", 0.0)], {"a": SLA_A}, END)["violated"].tolist() == [True]
+
+
+def test_harvest_share_is_other_tenants_busy_over_it_plus_idle() -> None:
+    # device 0 (home a): a busy [0, 1), b busy [2, 3), idle [1, 2) and [3, 4): share 1 / (1 + 2)
+    # device 1 (home b): b busy [0, 2) only: nothing harvested, 2 s idle
+    h = harvest_share({0: [(0.0, 1.0), (2.0, 3.0)], 1: [(0.0, 2.0)]},
+                      {0: {"a": 1.0, "b": 1.0}, 1: {"b": 2.0}}, {0: "a", 1: "b"}, makespan_s=4.0)
+    d0, d1 = h.devices
+    assert (d0.home, d0.home_busy_s, d0.harvested_s, d0.idle_s) == ("a", 1.0, 1.0, 2.0)
+    assert d0.share == pytest.approx(1 / 3) and d1.share == 0.0
+    assert h.share == pytest.approx(1 / (1 + 2 + 2))  # seconds summed over devices first
+    assert h.to_frame()["harvest_share"].tolist() == pytest.approx([1 / 3, 0.0])
+
+
+def test_harvest_share_counts_all_work_on_a_device_without_home() -> None:
+    h = harvest_share({0: [(0.0, 1.0)]}, {0: {"a": 1.0}}, {}, makespan_s=2.0)
+    assert (h.devices[0].home, h.devices[0].harvested_s, h.share) == (None, 1.0, 0.5)
+
+
+def test_harvest_share_is_nan_on_a_device_its_home_kept_busy() -> None:
+    h = harvest_share({0: [(0.0, 2.0)]}, {0: {"a": 2.0}}, {0: "a"}, makespan_s=2.0)
+    assert math.isnan(h.devices[0].share) and math.isnan(h.share)
 
 
 def test_throughput_at_sla_bisects_to_the_known_threshold() -> None:

@@ -1,8 +1,9 @@
 """Decoder-only transformer architecture numbers, read from Hugging Face `config.json`.
 
 Only the numbers that decide cost and memory are kept: sizes, head counts, MLP kind, experts,
-norm kind, biases, tied embeddings. Parameter counts follow the HF implementations exactly so
-that weight bytes match the real checkpoints (Llama-3-8B: 8,030,261,248 params = 16.06 GB bf16).
+norm kind, biases, tied embeddings, and the context window. Parameter counts follow the HF
+implementations exactly so that weight bytes match the real checkpoints (Llama-3-8B:
+8,030,261,248 params = 16.06 GB bf16).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class ModelSpec:
     learned_positions: int = 0  # rows of a learned position table (GPT-2, OPT); 0 for rotary
     tie_embeddings: bool = False
     dtype_bytes: int = 2
+    # context window: most prompt + output tokens one request may have (HF max_position_embeddings,
+    # GPT-2's n_positions); None when the config gives none (then only the KV pool limits a request)
+    max_context: int | None = None
 
     # ---- weights -------------------------------------------------------------------
     @property
@@ -111,6 +115,12 @@ def _get(cfg: dict[str, Any], src: str, *keys: str, default: Any = None) -> Any:
     raise InputError(f"missing required field (one of {', '.join(keys)})", file=src, field=keys[0])
 
 
+def _context(cfg: dict[str, Any], *keys: str) -> int | None:
+    """The first of `keys` the config sets: the positions the model was built for. RoPE scaling
+    is not applied (vLLM scales some kinds; none of the shipped configs has any)."""
+    return next((int(cfg[k]) for k in keys if cfg.get(k)), None)
+
+
 def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -> ModelSpec:
     """Build a spec from a decoder-only HF config dict (Llama, Qwen2, Mistral, Mixtral, GPT-2, OPT)."""
     mtype = str(cfg.get("model_type", "llama"))
@@ -122,7 +132,8 @@ def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -
                          int(_get(cfg, src, "vocab_size")), gated_mlp=False, rms_norm=False,
                          qkv_bias=True, linear_bias=True,
                          learned_positions=int(_get(cfg, src, "n_positions", default=1024)),
-                         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), dtype_bytes=2)
+                         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), dtype_bytes=2,
+                         max_context=_context(cfg, "n_positions", "n_ctx", "max_position_embeddings"))
     if mtype == "opt":
         h = int(_get(cfg, src, "hidden_size"))
         heads = int(_get(cfg, src, "num_attention_heads"))
@@ -130,7 +141,8 @@ def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -
                          h // heads, int(_get(cfg, src, "ffn_dim")), int(_get(cfg, src, "vocab_size")),
                          gated_mlp=False, rms_norm=False, qkv_bias=True, linear_bias=True,
                          learned_positions=int(_get(cfg, src, "max_position_embeddings")) + 2,
-                         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+                         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                         max_context=_context(cfg, "max_position_embeddings"))
     h = int(_get(cfg, src, "hidden_size"))
     heads = int(_get(cfg, src, "num_attention_heads"))
     experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
@@ -141,6 +153,7 @@ def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -
         num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
         qkv_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_context=_context(cfg, "max_position_embeddings"),
     )
 
 

@@ -22,13 +22,13 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.cost import CostModel, make_cost_model
-from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, block_weight_bytes, build_iteration
+from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, block_weight_bytes, build_iteration
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, WeightCopy, WeightEviction)
-from slicesched.serving import SLA, Batch, KVBlockManager, Request, TenantEngine, blocks_for
+from slicesched.serving import SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
@@ -69,6 +69,7 @@ class RunStats:
     container_moves: int
     rejected: int
     guests: int
+    over_context: int = 0  # of `rejected`: prompt + output beyond the model's context window
 
 
 @dataclass(slots=True)
@@ -85,6 +86,8 @@ class RunResult:
     stats: RunStats
     ooms: list[OOMEvent] = field(default_factory=list)
     timeline: dict | None = None  # Perfetto trace, when recorded
+    tenant_busy: dict[int, dict[str, float]] = field(default_factory=dict)  # device -> tenant -> compute s
+    home: dict[int, str] = field(default_factory=dict)  # device -> tenant of its scenario container
 
 
 def isolated_slas(sc: Scenario, cost: CostModel, trace: Trace) -> dict[str, SLA]:
@@ -146,7 +149,9 @@ class ReplayDriver:
         self.models: dict[str, ModelSpec] = {t.name: model_spec(t.model) for t in sc.tenants}
         self.cfg = {t.name: t for t in sc.tenants}
         self.grain = _GRAINS[sc.replay.grain]
-        pairs = scheduler.deployment(default_replicas(sc, self.cluster))
+        default = default_replicas(sc, self.cluster)
+        self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
+        pairs = scheduler.deployment(default)
         replicas = [Replica(t, devs) for t, devs in pairs]
         containers = {}
         for r in replicas:
@@ -167,7 +172,9 @@ class ReplayDriver:
         self.iterations = 0
         self.moves = 0
         self.rejected = 0
+        self.over_context = 0
         self.guests_started = 0
+        self._group_busy: dict[str, np.ndarray] = {}  # tenant -> compute seconds per device group
         scheduler.attach(self)
 
     # ---- replicas ---------------------------------------------------------------------------
@@ -255,8 +262,15 @@ class ReplayDriver:
         mine = self.replicas_of(req.tenant)
         reps = [rs for rs in mine if not rs.draining] or mine  # all moving: least loaded draining one
         target = min(reps, key=lambda rs: rs.relative_load)
-        if req.prompt_tokens >= target.engine.max_model_len:
-            self.rejected += 1  # longer than the model/KV pool allows: refused, never served
+        # Refused, never served, as vLLM's API refuses them: prompt + requested output beyond the
+        # model's context window (the trace's output length stands in for the client's max_tokens;
+        # only this check sees it, never a scheduler), or a prompt beyond the KV pool.
+        ctx = self.models[req.tenant].max_context
+        over = ctx is not None and req.prompt_tokens + req.output_tokens > ctx
+        if over or req.prompt_tokens >= target.engine.max_model_len:
+            self.rejected += 1
+            self.over_context += over
+            req.state = RequestState.REJECTED
             return None
         target.engine.add_request(req, req.arrival_s)
         return target
@@ -282,6 +296,7 @@ class ReplayDriver:
     def _complete(self, key: int, t: float) -> ReplicaState:
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t)
+        self._attribute(self.gmg.iterations[key])
         self.sim.retire(key)
         self._charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
@@ -290,6 +305,38 @@ class ReplayDriver:
             else:
                 self._finish_drain(rs, t)
         return rs
+
+    def _attribute(self, it, tally: dict[str, np.ndarray] | None = None, finished: bool = True) -> None:
+        """Add the compute seconds of an iteration's done slices (`it`: a GMG live iteration, its
+        rows not yet reused; `finished`: all of them done) to its tenant's tally per device
+        group: the harvest metric needs each slice's tenant, which the GMG forgets at retirement.
+        Runs once per iteration, so a handful of numpy calls on views of the ring columns."""
+        gmg, n = self.gmg, it.graph.num_slices
+        m, lo = gmg.mask, it.base & gmg.mask
+        idx = slice(lo, lo + n) if lo + n <= m + 1 else np.arange(it.base, it.base + n) & m
+        groups, start, end = gmg.col("group")[idx], gmg.col("start_t")[idx], gmg.col("end_t")[idx]
+        if not finished:
+            done = gmg.col("state")[idx] == SliceState.DONE
+            groups, start, end = groups[done], start[done], end[done]
+        secs = np.bincount(groups, end - start)
+        tally = self._group_busy if tally is None else tally
+        acc = tally.get(it.graph.tenant)
+        if acc is None or len(acc) < len(secs):
+            acc = tally[it.graph.tenant] = np.pad(np.zeros(0) if acc is None else acc,
+                                                  (0, len(secs) - (0 if acc is None else len(acc))))
+        acc[:len(secs)] += secs
+
+    def _tenant_busy(self) -> dict[int, dict[str, float]]:
+        """Per device, compute seconds per tenant: retired iterations, and live ones' done slices."""
+        tally = {t: acc.copy() for t, acc in self._group_busy.items()}
+        for it in self.gmg.iterations.values():
+            self._attribute(it, tally, finished=False)
+        out: dict[int, dict[str, float]] = {d: {} for d in range(self.cluster.num_devices)}
+        for t, acc in tally.items():
+            for gid in np.flatnonzero(acc):
+                for d in self.cluster.group(int(gid)):
+                    out[d][t] = out[d].get(t, 0.0) + float(acc[gid])
+        return out
 
     def _charge_kv(self, rs: ReplicaState, t: float) -> None:
         """Keep device memory in step with the KV blocks the engine holds."""
@@ -379,7 +426,9 @@ class ReplayDriver:
                 return homes
         for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
             del self.inflight[key]
+            it = self.gmg.iterations[key]
             self.sim.abort_iteration(key)
+            self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
         for req in rs.engine.evict_all(now):
             min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
         self._release_guest(rs, now)
@@ -452,10 +501,11 @@ class ReplayDriver:
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
-                         self.rejected, self.guests_started)
+                         self.rejected, self.guests_started, self.over_context)
         timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
-                         self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline)
+                         self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
+                         self._tenant_busy(), self.home)
 
 
 TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory

@@ -20,7 +20,8 @@ from slicesched.cost import make_cost_model
 from slicesched.replay.driver import ReplayDriver, RunResult, isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
-from slicesched.serving import ServingSummary, request_frame, summarize, throughput_at_sla
+from slicesched.serving import (HarvestSummary, ServingSummary, harvest_share, request_frame, summarize,
+                                throughput_at_sla)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,8 @@ class RunSummary:
     guests: int
     rejected: int
     timeline: dict | None
+    over_context: int = 0  # of `rejected`: prompt + output beyond the model's context window
+    harvest: HarvestSummary | None = None  # per device: share of idle slices running other tenants' work
 
     @property
     def violation_rate(self) -> float:
@@ -79,7 +82,8 @@ def _summarize(res: RunResult) -> RunSummary:
     s = res.stats
     return RunSummary(res.scheduler, res.rate_scale, summary, frame, res.busy, res.num_devices, res.makespan_s,
                       s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests, s.rejected,
-                      res.timeline)
+                      res.timeline, s.over_context,
+                      harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s))
 
 
 def _run_task(args: tuple[Scenario, RunSpec, float | None]) -> RunSummary:

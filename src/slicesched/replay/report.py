@@ -1,4 +1,5 @@
-"""Reports of replay runs: the comparison table, per-request files, plots and the Perfetto trace.
+"""Reports of replay runs: the comparison table, per-tenant, per-device and per-request files,
+plots and the Perfetto trace.
 
 Outputs go to a temporary sibling folder that is renamed into place only when complete, so an
 interrupted run never leaves a folder that looks finished.
@@ -33,7 +34,9 @@ def comparison_table(runs: list[RunSummary]) -> pd.DataFrame:
             "token_tput": o.token_throughput, "output_tput": o.output_throughput,
             "ttft_p50_s": o.ttft_p50, "ttft_p99_s": o.ttft_p99, "tpot_p50_s": o.tpot_p50, "tpot_p99_s": o.tpot_p99,
             "sla_violation": o.violation_rate, "preemptions": o.preemptions, "ooms": r.ooms,
-            "moves": r.container_moves, "guests": r.guests, "rejected": r.rejected, "busy_frac": _busy_fraction(r), "sim_wall_s": r.wall_s,
+            "moves": r.container_moves, "guests": r.guests, "rejected": r.rejected, "over_context": r.over_context,
+            "busy_frac": _busy_fraction(r), "harvest_share": r.harvest.share if r.harvest else math.nan,
+            "sim_wall_s": r.wall_s,
         })
     df = pd.DataFrame(rows)
     if df.empty:
@@ -57,9 +60,10 @@ def print_table(df: pd.DataFrame, title: str) -> None:
     cols = [("scheduler", "{}"), ("rate_scale", "{:g}"), ("completed", "{}"), ("token_tput", "{:,.0f}"),
             ("output_tput", "{:,.0f}"), ("ttft_p50_s", "{:.3f}"), ("ttft_p99_s", "{:.3f}"),
             ("tpot_p50_s", "{:.4f}"), ("tpot_p99_s", "{:.4f}"), ("sla_violation", "{:.1%}"), ("ooms", "{}"),
-            ("moves", "{}"), ("guests", "{}"), ("busy_frac", "{:.1%}"), ("vs_dedicated", "{:.2f}x")]
+            ("moves", "{}"), ("guests", "{}"), ("rejected", "{}"), ("busy_frac", "{:.1%}"),
+            ("harvest_share", "{:.1%}"), ("vs_dedicated", "{:.2f}x")]
     names = {"token_tput": "tok/s", "output_tput": "out tok/s", "sla_violation": "SLA viol", "busy_frac": "busy",
-             "vs_dedicated": "vs dedicated", "rate_scale": "rate x"}
+             "harvest_share": "harvest", "vs_dedicated": "vs dedicated", "rate_scale": "rate x"}
     for c, _ in cols:
         t.add_column(names.get(c, c), justify="left" if c == "scheduler" else "right")
     for row in df.itertuples():
@@ -85,6 +89,7 @@ def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dic
         df.to_csv(tmp / "summary.csv", index=False)
         pd.concat([r.summary.to_frame().assign(scheduler=r.scheduler, rate_scale=r.rate_scale) for r in runs]
                   ).to_csv(tmp / "per_tenant.csv", index=False)
+        device_frame(runs).to_csv(tmp / "devices.csv", index=False)
         _write_requests(tmp / "requests.parquet", pd.concat([r.requests for r in runs], ignore_index=True))
         timeline = next((r.timeline for r in runs if r.timeline), None)
         if timeline:
@@ -104,6 +109,18 @@ def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dic
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def device_frame(runs: list[RunSummary]) -> pd.DataFrame:
+    """One row per (run, device): its home tenant and where its time went (``harvest_share``)."""
+    parts = []
+    for r in runs:
+        if r.harvest is not None:
+            f = r.harvest.to_frame()
+            f.insert(0, "rate_scale", r.rate_scale)
+            f.insert(0, "scheduler", r.scheduler)
+            parts.append(f)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def _write_requests(path: Path, frame: pd.DataFrame) -> None:

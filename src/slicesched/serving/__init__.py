@@ -7,12 +7,15 @@ returns, and reports completion; ``metrics.summarize`` turns the finished run in
 from slicesched.serving.engine import Batch, TenantEngine
 from slicesched.serving.kv_cache import KVBlockManager, blocks_for
 from slicesched.serving.metrics import (
+    DeviceHarvest,
+    HarvestSummary,
     IdleHistogram,
     ServingSummary,
     SLAProbe,
     TenantSummary,
     ThroughputAtSLA,
     busy_fraction,
+    harvest_share,
     idle_interval_histogram,
     idle_intervals,
     request_frame,
@@ -23,7 +26,8 @@ from slicesched.serving.request import Request, RequestState
 from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA
 
 __all__ = [
-    "Batch", "TenantEngine", "KVBlockManager", "blocks_for", "IdleHistogram", "ServingSummary",
+    "Batch", "TenantEngine", "KVBlockManager", "blocks_for", "DeviceHarvest", "HarvestSummary",
+    "harvest_share", "IdleHistogram", "ServingSummary",
     "SLAProbe", "TenantSummary", "ThroughputAtSLA", "busy_fraction", "idle_interval_histogram",
     "idle_intervals", "request_frame", "summarize", "throughput_at_sla", "Request",
     "RequestState", "DEFAULT_SLA_SCALE", "SLA",

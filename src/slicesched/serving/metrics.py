@@ -2,12 +2,15 @@
 
 ``replay`` calls ``summarize`` with every request of the run (finished or not), the makespan and
 one ``SLA`` per tenant, and ``request_frame`` for the per-request CSV/Parquet table; it calls
-``idle_interval_histogram`` / ``busy_fraction`` with the busy intervals each device recorded, and
-``throughput_at_sla`` with a callback that replays the trace at a rate scale. All of it is
-columnar numpy after one pass over the requests; pandas only builds the report frames.
+``idle_interval_histogram`` / ``busy_fraction`` / ``harvest_share`` with the busy intervals each
+device recorded, and ``throughput_at_sla`` with a callback that replays the trace at a rate scale.
+All of it is columnar numpy after one pass over the requests; pandas only builds the report frames.
 
 Latency percentiles are over completed requests (TPOT over those with two or more tokens).
 Violation rates follow ``serving.sla``: undecided unfinished requests are left out of both sides.
+A rejected request (refused at arrival: prompt + output beyond the model's context window, or a
+prompt beyond the KV pool) is counted in ``rejected``, never as completed, and as a violation:
+its client got an error instead of tokens (vLLM answers such a request with HTTP 400).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
     has_sla = ~np.isnan(ttft_slo)
     decided, violated = judge_arrays(cols["arrival_s"], cols["first_token_s"], cols["finish_s"],
                                      cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s)
-    return has_sla, decided & has_sla, violated & has_sla
+    rejected = cols["state"] == str(RequestState.REJECTED)
+    return has_sla, (decided | rejected) & has_sla, (violated | rejected) & has_sla
 
 
 def request_frame(requests: Iterable[Request], slas: Mapping[str, SLA] | None = None,
@@ -89,12 +93,14 @@ class TenantSummary:
     """Metrics of one tenant (or of all, with ``tenant == ALL_TENANTS``) over one run.
 
     Throughputs are tokens per second of makespan; latencies in seconds (NaN if no sample);
-    ``violation_rate = violations / judged`` (NaN with no SLA or nothing judged).
+    ``violation_rate = violations / judged`` (NaN with no SLA or nothing judged); ``rejected``
+    requests were refused at arrival and are among the violations (see the module docstring).
     """
 
     tenant: str
     requests: int
     completed: int
+    rejected: int
     token_throughput: float
     output_throughput: float
     ttft_p50: float
@@ -147,8 +153,9 @@ def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, ha
     judged = int((mask & decided).sum())
     violations = int((mask & violated).sum())
     rate = violations / judged if judged else math.nan
+    rejected = int((mask & (cols["state"] == str(RequestState.REJECTED))).sum())
     return TenantSummary(
-        name, int(mask.sum()), int(done.sum()), all_tokens / makespan_s, out_tokens / makespan_s,
+        name, int(mask.sum()), int(done.sum()), rejected, all_tokens / makespan_s, out_tokens / makespan_s,
         *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
         *_percentiles(cols["e2e_s"][done]), judged, violations, rate,
         int(cols["preemptions"][mask].sum()))
@@ -243,6 +250,79 @@ def _counts(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
     idx[x == edges[-1]] = len(edges) - 2
     ok = (idx >= 0) & (idx < len(edges) - 1)
     return np.bincount(idx[ok], minlength=len(edges) - 1).astype(np.int64)
+
+
+# ---- harvested idle slices --------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class DeviceHarvest:
+    """Where one device's time went, in seconds of ``[0, makespan]``; see ``harvest_share``."""
+
+    device: int
+    home: str | None  # the tenant whose scenario container holds the device (None: no container)
+    home_busy_s: float  # compute of the home tenant
+    harvested_s: float  # compute of every other tenant
+    idle_s: float  # nothing running
+
+    @property
+    def share(self) -> float:
+        """harvested / (harvested + idle); NaN when the home tenant kept the device busy throughout."""
+        room = self.harvested_s + self.idle_s
+        return self.harvested_s / room if room > 0 else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class HarvestSummary:
+    """Per-device ``DeviceHarvest`` and the overall share (seconds summed over devices)."""
+
+    devices: tuple[DeviceHarvest, ...]
+
+    @property
+    def harvested_s(self) -> float:
+        return sum(d.harvested_s for d in self.devices)
+
+    @property
+    def idle_s(self) -> float:
+        return sum(d.idle_s for d in self.devices)
+
+    @property
+    def share(self) -> float:
+        room = self.harvested_s + self.idle_s
+        return self.harvested_s / room if room > 0 else math.nan
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per device: device, home, home_busy_s, harvested_s, idle_s, harvest_share."""
+        return pd.DataFrame({"device": [d.device for d in self.devices], "home": [d.home for d in self.devices],
+                             "home_busy_s": [d.home_busy_s for d in self.devices],
+                             "harvested_s": [d.harvested_s for d in self.devices],
+                             "idle_s": [d.idle_s for d in self.devices],
+                             "harvest_share": [d.share for d in self.devices]})
+
+
+def harvest_share(busy_intervals_per_device: Mapping[int, np.ndarray | Sequence[tuple[float, float]]],
+                  tenant_busy_s: Mapping[int, Mapping[str, float]], home: Mapping[int, str | None],
+                  makespan_s: float) -> HarvestSummary:
+    """The share of idle slices harvested, per device and overall.
+
+    For device d with home tenant h (the tenant whose container in the scenario holds d, before
+    any scheduler re-packs it): ``harvested_s`` = compute seconds on d of slices of tenants other
+    than h (``tenant_busy_s[d]``, summed over its other tenants), ``idle_s`` = seconds d ran
+    nothing (gaps of its busy intervals), and share = harvested_s / (harvested_s + idle_s): of the
+    time d was not running h's work, the fraction that ran other tenants' work. A simulated device
+    runs one slice at a time, so home + harvested + idle = makespan. Overall, the seconds are
+    summed over devices first. Other tenants' work is SliceScheduler's guests, the co-located
+    tenant under ``temporal-mux``, and the new tenant of a container ``realloc`` moved; on a
+    device with no home every slice counts as harvested. ``dedicated`` harvests nothing. The
+    share says nothing of what the harvest cost the home tenant (the SLA metrics do).
+    """
+    out = []
+    for d, busy in busy_intervals_per_device.items():
+        h = home.get(d)
+        by = tenant_busy_s.get(d, {})
+        idle = float(idle_intervals(busy, makespan_s).sum())
+        out.append(DeviceHarvest(int(d), h, float(by.get(h, 0.0)) if h is not None else 0.0,
+                                 float(sum(v for t, v in by.items() if t != h)), idle))
+    return HarvestSummary(tuple(sorted(out, key=lambda x: x.device)))
 
 
 # ---- throughput at SLA -------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class RequestState(enum.StrEnum):
     RUNNING = "running"  # holds KV blocks, scheduled every iteration it fits
     PREEMPTED = "preempted"  # lost its KV; back at the waiting queue's front, prefill restarts
     FINISHED = "finished"  # emitted its last token (or hit the engine's max_model_len)
+    REJECTED = "rejected"  # refused at arrival, never served (longer than the model or KV pool allows)
 
 
 @dataclass(slots=True, eq=False)

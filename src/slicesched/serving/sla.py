@@ -12,6 +12,8 @@ A request still unfinished at ``end_s`` is judged only when the outcome is alrea
 - first token already late: violation;
 - first token on time and ``end_s - first_token >= tpot_slo * (output_tokens - 1)``: its last
   token comes after ``end_s``, so its TPOT must exceed the SLO: violation;
+- refused at arrival (``RequestState.REJECTED``: beyond the context window or KV pool): violation,
+  since the client got an error instead of tokens;
 - otherwise it is *undecided*: counted neither as violation nor in the denominator, since a run
   cut short must not be credited or blamed for requests that could still meet their SLA.
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slicesched.serving.request import Request
+from slicesched.serving.request import Request, RequestState
 
 DEFAULT_SLA_SCALE = 5.0
 
@@ -66,6 +68,8 @@ class SLA:
 
     def judge(self, req: Request, end_s: float) -> bool | None:
         """True = violation, False = met, None = undecided at ``end_s`` (see module docstring)."""
+        if req.state is RequestState.REJECTED:
+            return True
         decided, violated = judge_arrays(
             np.array([req.arrival_s]), np.array([_nan(req.first_token_s)]),
             np.array([_nan(req.finish_s)]), np.array([req.tpot_s]),
