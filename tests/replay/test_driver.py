@@ -134,7 +134,7 @@ MULTI = """
 def test_each_baseline_completes_a_multi_tenant_replay(name):
     r = run_one(scenario(MULTI), RunSpec(name, 1.0))
     o = r.summary.overall
-    assert o.completed + o.rejected == o.requests > 100  # rejected: beyond the model's context
+    assert o.completed + o.rejected == o.requests > 100
     assert r.ooms == 0
 
 
@@ -155,8 +155,22 @@ def test_slicesched_harvests_idle_containers_and_beats_dedicated_on_sla():
 
 # ---- context window ----------------------------------------------------------------------------
 
-def test_request_beyond_the_model_context_is_rejected_and_counted():
+def rejecting(sc):
+    return sc.model_copy(update={"replay": sc.replay.model_copy(update={"over_context": "reject"})})
+
+
+def test_request_beyond_the_model_context_is_cut_to_fit_by_default():
     sc = scenario(ONE_GPU)  # llama-2-7b: 4096 positions
+    trace = Trace.from_columns("t", [0.0, 0.1], [4000, 5000], [97, 10], ["a", "a"])
+    res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run()
+    cut_output, cut_prompt = res.requests
+    assert cut_output.is_finished and (cut_output.prompt_tokens, cut_output.num_generated) == (4000, 96)
+    assert cut_prompt.is_finished and (cut_prompt.prompt_tokens, cut_prompt.num_generated) == (4095, 1)
+    assert (res.stats.rejected, res.stats.over_context) == (0, 2)
+
+
+def test_request_beyond_the_model_context_is_rejected_and_counted():
+    sc = rejecting(scenario(ONE_GPU))
     trace = Trace.from_columns("t", [0.0], [4000], [97], ["a"])  # 4097 tokens
     res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run()
     (req,) = res.requests
@@ -174,7 +188,7 @@ def test_request_exactly_at_the_model_context_is_served():
 
 
 def test_summary_table_reports_rejections_beyond_the_context():
-    sc = scenario(ONE_GPU)
+    sc = rejecting(scenario(ONE_GPU))
     trace = Trace.from_columns("t", [0.0, 0.1], [4000, 100], [97, 4], ["a", "a"])
     row = comparison_table([_summarize(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
     assert (row.requests, row.completed, row.rejected, row.over_context) == (2, 1, 1, 1)
@@ -218,7 +232,7 @@ def test_slicesched_guests_harvest_the_cold_tenants_devices(slicesched_multi):
     by_home = {d.home: [] for d in r.harvest.devices}
     for d in r.harvest.devices:
         by_home[d.home].append(d.share)
-    assert by_home["hot"] == [0.0, 0.0] and min(by_home["cold"]) > 0.5
+    assert by_home["hot"] == [0.0, 0.0] and min(by_home["cold"]) > 0.2
 
 
 def test_tenant_attribution_accounts_for_every_busy_second(slicesched_multi):

@@ -111,6 +111,11 @@ class ReplayConfig(_Strict):
                                           "weights + KV cache (the rest is activation headroom), as in vLLM")
     realloc_interval_s: float = Field(30.0, gt=0, description="how often the realloc baseline rebalances")
     realloc_warmup_s: float = Field(5.0, ge=0, description="engine start-up after a model's weights land")
+    over_context: Literal["truncate", "reject"] = Field(
+        "truncate", description="a request whose prompt + output exceeds its model's context window: "
+        "'truncate' cuts the output (and, if the prompt alone is too long, keeps its last tokens) to "
+        "fit, as trace replays (Vidur) do when a trace is mapped onto a shorter-context model; "
+        "'reject' refuses it as vLLM's API refuses a max_tokens beyond the window (a violation)")
 
 
 class Scenario(_Strict):

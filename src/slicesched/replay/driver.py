@@ -69,7 +69,7 @@ class RunStats:
     container_moves: int
     rejected: int
     guests: int
-    over_context: int = 0  # of `rejected`: prompt + output beyond the model's context window
+    over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
 
 
 @dataclass(slots=True)
@@ -262,11 +262,16 @@ class ReplayDriver:
         mine = self.replicas_of(req.tenant)
         reps = [rs for rs in mine if not rs.draining] or mine  # all moving: least loaded draining one
         target = min(reps, key=lambda rs: rs.relative_load)
-        # Refused, never served, as vLLM's API refuses them: prompt + requested output beyond the
-        # model's context window (the trace's output length stands in for the client's max_tokens;
-        # only this check sees it, never a scheduler), or a prompt beyond the KV pool.
+        # Beyond the model's context window (the trace's output length stands in for the client's
+        # max_tokens; only this check sees it, never a scheduler): cut to fit or refused, per
+        # `replay.over_context`. A prompt beyond the KV pool is always refused.
         ctx = self.models[req.tenant].max_context
         over = ctx is not None and req.prompt_tokens + req.output_tokens > ctx
+        if over and self.sc.replay.over_context == "truncate":
+            self.over_context += 1
+            req.prompt_tokens = min(req.prompt_tokens, ctx - 1)
+            req.output_tokens = ctx - req.prompt_tokens
+            over = False
         if over or req.prompt_tokens >= target.engine.max_model_len:
             self.rejected += 1
             self.over_context += over

@@ -50,7 +50,7 @@ class RunSummary:
     guests: int
     rejected: int
     timeline: dict | None
-    over_context: int = 0  # of `rejected`: prompt + output beyond the model's context window
+    over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
     harvest: HarvestSummary | None = None  # per device: share of idle slices running other tenants' work
 
     @property
