@@ -4,9 +4,10 @@ One engine serves both uses. As a backend (`execute`), it perturbs op durations 
 `Perturbation`) so that reality differs from prediction and mirrors every start and finish into
 the GMG that schedulers read. `fork()` gives a copy that predicts from the cost model alone,
 takes candidate decisions (`apply`) and runs ahead (`simulate`) to a frozen `Prediction`; it
-never touches its parent. Forks, `execute(..., wake="iteration")` and simulators built with
-`segments=True` run the chains of slices a group will execute next as one event (see
-`segments.py`); property tests check that this gives exactly what per-slice events give.
+never changes its parent's future (it may split the parent's segments, which is exact). Forks,
+`execute(..., wake="iteration")` and simulators built with `segments=True` run the chains of
+slices a group will execute next as one event (see `segments.py`); property tests check that
+this gives exactly what per-slice events give.
 
 Execution model:
 - a slice mapped to a group becomes runnable when its predecessors are done, inputs from other
