@@ -13,8 +13,8 @@ TENANTS = {"a": (tiny("ma", layers=2), (0,)), "b": (tiny("mb", layers=3, hidden=
            "c": (tiny("mc", layers=1), (3,))}
 
 
-def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0, wake: str = "slice",
-                record: bool = True) -> Simulator:
+def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0, wake: object = "slice",
+                record: bool = True, wakes: list | None = None) -> Simulator:
     """Each tenant decodes continuously: a new iteration whenever its previous one finishes."""
     gmg = world(TENANTS, per_node=4, everywhere=True)
     sim = Simulator(gmg, COST, perturbation=pert, record=record)
@@ -32,6 +32,8 @@ def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0
     place = [new(t) for t in TENANTS]
     while sim.now < seconds:
         out = sim.execute(SchedulerDecision(sim.now, tuple(place)), wake=wake)
+        if wakes is not None:
+            wakes.append(out)
         place = [new(live.pop(k)) for k in out.finished_iterations]
         for k in out.finished_iterations:
             gmg.retire(k)
@@ -55,6 +57,20 @@ def test_waking_per_iteration_replays_exactly_what_waking_per_slice_does() -> No
     np.testing.assert_array_equal(a[np.argsort(a[:, 0])], b[np.argsort(b[:, 0])])
     ends = [[r[1:] for r in s.log.iterations if r[2] <= stop] for s in (per_slice, per_iter)]
     assert ends[0] == ends[1]
+
+
+def test_waking_for_some_groups_replays_exactly_what_waking_per_slice_does() -> None:
+    pert = Perturbation(2, duration_cv=0.2, interference=0.3)
+    watched = world(TENANTS, per_node=4).cluster.group_id(TENANTS["b"][1])
+    wakes: list = []
+    per_slice, some = decode_loop(pert), decode_loop(pert, wake={watched}, wakes=wakes)
+    stop = min(per_slice.now, some.now)
+    a, b = (t[t[:, 3] <= stop] for t in (per_slice.log.slice_table(), some.log.slice_table()))
+    np.testing.assert_array_equal(a[np.argsort(a[:, 0])], b[np.argsort(b[:, 0])])
+    # woken only by an iteration's end or a slice of the watched group, and by each of those
+    assert all(o.finished_iterations or any(c.group == watched for c in o.completed) for o in wakes)
+    assert all(sum(c.group == watched for c in o.completed) <= 1 for o in wakes)
+    assert len(wakes) < len(per_slice.log.slices) / 2
 
 
 def test_different_seeds_differ() -> None:

@@ -241,8 +241,7 @@ class ReplayDriver:
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
             if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
-            outcome = self.sim.execute(decision, until=wake,
-                                       wake="slice" if self.scheduler.wants_every_slice() else "iteration")
+            outcome = self.sim.execute(decision, until=wake, wake=self.scheduler.wake_on())
             self.scheduler.update(outcome)
             for key in outcome.finished_iterations:
                 dirty[self._complete(key, outcome.time)] = None

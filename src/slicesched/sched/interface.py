@@ -233,6 +233,12 @@ class Scheduler(ABC):
         iteration finishes or an arrival, which is much faster for whole-iteration placement."""
         return False
 
+    def wake_on(self) -> "str | frozenset[int]":
+        """What the driver passes as the backend's `wake` before each step: "slice", "iteration",
+        or the device groups on whose every slice completion `schedule` must run (the rest run
+        on, as with "iteration"). By default, from `wants_every_slice`."""
+        return "slice" if self.wants_every_slice() else "iteration"
+
     def attach(self, view: ServingView) -> None:
         """Called once by the driver before the run; schedulers that need queue state keep `view`."""
 

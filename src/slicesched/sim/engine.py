@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -51,6 +51,7 @@ from slicesched.sim.timing import SliceTiming, TimingCache
 from slicesched.sim.trace import chrome_trace
 
 INF = float("inf")
+_ALL: frozenset[int] = frozenset()  # `execute(wake="slice")`: every group watched (compared by identity)
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
 # plain ints: comparing with an enum member costs an attribute lookup in the hot loop
 _SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
@@ -135,6 +136,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._reads: dict[int, int] | None = None  # slice -> stamp its mapping was first acted on
         self._soft: dict[int, tuple] | None = None  # slice -> heap key at which a segment relies on it
         self.on_event: Callable[["Simulator"], None] | None = None
+        self._watch: frozenset[int] | None = None  # groups whose slices run one by one (see execute)
+        self._hits: list[int] | None = None  # in `execute`: finished iterations, watched completions
 
     def _init_outputs(self, tracked: dict[int, str] | None = None) -> None:
         self.log = RunLog()
@@ -157,33 +160,53 @@ class Simulator(SegmentMixin, WeightsMixin):
             self._sh.timing.get(h.key, graph, info.model, home)
         return h
 
-    def execute(self, decision: SchedulerDecision, until: float = INF, wake: str = "slice") -> StepOutcome:
+    def execute(self, decision: SchedulerDecision, until: float = INF,
+                wake: str | Collection[int] = "slice") -> StepOutcome:
         """Apply `decision` at `now`, then run until at least one slice has completed (all events at
         that instant included), nothing is left to run, or the clock reaches `until`.
 
-        `wake="iteration"` (an extension for drivers whose scheduler places whole iterations, such
-        as the baselines) runs on until an iteration finishes instead: chains then run as exact
-        segments, which is many times faster; the outcome still lists every completed slice.
+        Extensions for drivers that need to hear about less than every slice (chains they do not
+        watch run as exact segments, many times faster; the outcome still lists every completed
+        slice): `wake="iteration"` (schedulers that place whole iterations, such as the baselines)
+        runs on until an iteration finishes; `wake=groups` (a collection of group ids) until an
+        iteration finishes or a slice on one of those groups completes.
         """
-        if wake not in ("slice", "iteration"):
-            raise ValueError(f"execute: wake must be 'slice' or 'iteration', not {wake!r}")
+        if isinstance(wake, str):
+            if wake not in ("slice", "iteration"):
+                raise ValueError(f"execute: wake must be 'slice', 'iteration' or group ids, not {wake!r}")
+            watch = None if wake == "iteration" else _ALL
+        else:
+            watch = frozenset(wake)
         weights = self.gmg.mem_weights.tobytes()
         if weights != self._weights_seen:
             self._notice_outside_changes()
-        per_slice = wake == "slice"
-        if per_slice and self._nseg:
-            self._dissolve_segments()
+        per_slice = watch is _ALL
+        if self._nseg and (per_slice or watch):
+            self._split_on_groups(watch)
         seg, self.segments = self.segments, not per_slice
+        self._watch, self._hits = (watch if watch and not per_slice else None), []
         try:
             self.apply(decision)
             if not per_slice:
                 self._form_segments()
-            self._run_to_completion(self._done if per_slice else self._finished, until)
+            self._run_to_completion(self._done if per_slice else self._hits, until)
             self._sync_segments()  # the GMG shows the state at `now`; the segments go on
         finally:
-            self.segments = seg
+            self.segments, self._watch, self._hits = seg, None, None
         self._weights_seen = self.gmg.mem_weights.tobytes()
         return self.take_outcome()
+
+    def _split_on_groups(self, groups: frozenset[int]) -> None:
+        """Split the segments a per-slice wake would hide (all of them for `_ALL`)."""
+        if groups is _ALL:
+            self._dissolve_segments()
+            return
+        touched = {d for g in groups for d in self._devs(g)}
+        self._key = (self.now, 3, None)
+        for key, run in sorted(self._running.items()):
+            if run.seg is not None and not touched.isdisjoint(self._devs(run.group)):
+                self._split(key, run)
+        self._push([])
 
     def _run_to_completion(self, done: list, until: float) -> None:
         """Process events until `done` gets an entry (and every event at that instant), nothing
@@ -460,6 +483,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         ev = self._successors(s, info, j, g, succ, newly) if succ else []
         if fin is not None:
             self._finished.append(fin)
+            if self._hits is not None:
+                self._hits.append(fin)
             self.log.iterations.append((self._stamp, fin, self.now))
             if self._owner:
                 self._forget(fin)
@@ -470,6 +495,8 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _record(self, s: int, run: Run) -> None:
         self.op_events += run.info.nops[run.local]
         self._done.append((s, run.group, run.start, self.now))
+        if self._watch is not None and run.group in self._watch:
+            self._hits.append(s)
         if self.record:
             self.log.slices.append((self._stamp, s, run.group, run.start, self.now, run.info.key, run.local,
                                     run.scale, run.timing))
@@ -833,6 +860,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._fork_plan = None
         f._owner = False
         f._reads, f._soft, f.on_event = None, None, None
+        f._watch, f._hits = None, None
         f._init_outputs(self._tracked)
         if running:
             f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)

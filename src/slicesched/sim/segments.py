@@ -87,6 +87,8 @@ class SegmentMixin:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, Prio.SLICE_END, s, run.version)]
+        if self._watch is not None and g in self._watch:  # its driver hears of every slice here
+            return plain
         seg_on = self._seg_on
         for d in devs:
             if seg_on[d] is not None:  # another stream's segment guards them
@@ -351,7 +353,8 @@ class SegmentMixin:
             if run is None or run.seg is not None:
                 continue
             devs = self._devs(run.group)
-            if self.streams > 1 or not run.timing.all_positive or self._waiting_on(devs):
+            if (self.streams > 1 or not run.timing.all_positive or self._waiting_on(devs)
+                    or (self._watch is not None and run.group in self._watch)):
                 self._push(self._try_segment(s, run, devs))
                 continue
             chain = Chain(run.info, run.local, run.timing, run.start, True)
