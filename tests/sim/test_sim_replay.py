@@ -37,6 +37,7 @@ def decode_loop(pert: Perturbation | None, seconds: float = 0.004, seed: int = 0
         place = [new(live.pop(k)) for k in out.finished_iterations]
         for k in out.finished_iterations:
             gmg.retire(k)
+    sim.gmg.settle()  # segments write out what they hold, as any read of the GMG makes them
     return sim
 
 
@@ -193,3 +194,24 @@ def test_busy_history_lists_every_finished_slice_in_completion_order() -> None:
     sim.run(until=sim.now + 0.0005)
     assert b.n == sum(len(cluster.group(r[2])) for r in sim.log.slices)
     assert b.end[: b.n].tolist()[-1] == sim.log.slices[-1][4]
+
+
+def test_reading_the_gmg_after_a_step_shows_what_eager_writes_would() -> None:
+    """execute(wake="iteration") leaves chain steps held by segments until the GMG is read;
+    every read of execution state then sees exactly what writing them out at once shows."""
+    pert = Perturbation(4, duration_cv=0.2)
+    lazy, eager = (decode_loop(pert, seconds=0.002, wake="iteration") for _ in range(2))
+    for sim in (lazy, eager):
+        sim.execute(SchedulerDecision(sim.now), wake="iteration")
+    eager._sync_segments()  # what execute used to do before returning
+    assert lazy._nseg and lazy.gmg._lazy is not None
+    assert np.array_equal(lazy.gmg.unmapped_ready(), eager.gmg.unmapped_ready())
+    assert lazy.gmg._lazy is not None  # exact without settling: read without it
+    for name in ("state", "start_t", "end_t", "ready_t", "preds_left"):
+        assert np.array_equal(lazy.gmg.col(name), eager.gmg.col(name), equal_nan=True), name
+    assert lazy.gmg._lazy is None
+    for a, b in zip(lazy.gmg.busy.since(0.0), eager.gmg.busy.since(0.0)):
+        assert np.array_equal(a, b)
+    assert np.array_equal(lazy.gmg.running_on, eager.gmg.running_on)
+    assert np.array_equal(lazy.gmg.mem_act, eager.gmg.mem_act)
+    assert np.array_equal(lazy.peak_memory(), eager.peak_memory())

@@ -11,6 +11,7 @@ iterations costs nothing and the columns never need compaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -62,6 +63,7 @@ _STATIC_COLS = frozenset(("flops", "weight_bytes", "out_bytes", "kv_bytes", "ten
                           "wb_lo", "wb_hi"))
 
 
+_PROGRESS_COLS = frozenset(("ready_t", "start_t", "end_t", "state", "preds_left"))  # what `defer` holds back
 _MAX_PENDING = 4096  # busy intervals buffered before they move into the arrays
 
 
@@ -201,10 +203,11 @@ class GlobalMappingGraph:
         self.capacity_bytes = np.array([d.memory_bytes for d in cluster.device_specs], np.float64)
         self.mem_weights = np.zeros(n)
         self.mem_kv = np.zeros(n)
-        self.mem_act = np.zeros(n)
+        self._mem_act = np.zeros(n)
         self.mem_xfer = np.zeros(n)  # in-flight transfer buffers (written by the simulator)
-        self.busy = _IntervalLog()
-        self.running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
+        self._busy = _IntervalLog()
+        self._running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
+        self._lazy: Callable[[], None] | None = None  # see `defer`
         # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
         self.resident = {t: np.zeros((2 * m.layers + 2, n)) for t, m in self.models.items()}
         self._resident_shared: set[str] = set()  # tenants whose array a fork shares (copy on write)
@@ -235,9 +238,10 @@ class GlobalMappingGraph:
         g._ready = set(self._ready)
         g.capacity_bytes = self.capacity_bytes
         g.mem_weights, g.mem_kv = self.mem_weights.copy(), self.mem_kv.copy()
-        g.mem_act, g.mem_xfer = self.mem_act.copy(), self.mem_xfer.copy()
-        g.busy = _IntervalLog(4096)
-        g.running_on = self.running_on.copy()
+        g._mem_act, g.mem_xfer = self._mem_act.copy(), self.mem_xfer.copy()
+        g._busy = _IntervalLog(4096)
+        g._running_on = self._running_on.copy()
+        g._lazy = None  # a fork copies what is written; its owner copies what it buffers
         # residency changes rarely (weight copies, evictions): arrays are shared until written
         g.resident = dict(self.resident)
         g._resident_shared = set(self.resident)
@@ -263,8 +267,30 @@ class GlobalMappingGraph:
             self._cols[c] = self._cols[c].copy()
         self._static_shared = False
 
+    # ---- buffered progress ------------------------------------------------------------
+    def defer(self, settle: Callable[[], None] | None) -> None:
+        """A backend that buffers progress (the simulator runs chains of slices as one event and
+        writes their steps out when asked) registers how to write it out. Every read of execution
+        state (`col`/`get` of start, end, ready times, states or pending inputs, ready slices, the
+        busy log, what runs where, activation memory) settles it first; mappings, static columns,
+        `unmapped_ready` and finished iterations' rows are exact without it."""
+        self._lazy = settle
+
+    def settle(self) -> None:
+        fn = self._lazy
+        if fn is not None:
+            self._lazy = None
+            fn()
+
     def col(self, name: str) -> np.ndarray:
-        """Raw ring column; index with `ids & gmg.mask`. For hot loops that cannot pay a call."""
+        """Ring column (settled, see `defer`); index with `ids & gmg.mask`."""
+        if self._lazy is not None and name in _PROGRESS_COLS:
+            self.settle()
+        return self._cols[name]
+
+    def raw(self, name: str) -> np.ndarray:
+        """Ring column as last written, without settling: for the backend that buffers (it knows
+        what it holds back) and for rows of finished iterations (final whatever is buffered)."""
         return self._cols[name]
 
     @property
@@ -272,7 +298,25 @@ class GlobalMappingGraph:
         return self._mask
 
     def get(self, name: str, ids: np.ndarray | int) -> np.ndarray:
-        return self._cols[name][np.asarray(ids) & self._mask]
+        return self.col(name)[np.asarray(ids) & self._mask]
+
+    @property
+    def busy(self) -> "_IntervalLog":
+        """Finished busy intervals per device (settled)."""
+        self.settle()
+        return self._busy
+
+    @property
+    def running_on(self) -> np.ndarray:
+        """Slice id running on each device, -1 where idle (settled)."""
+        self.settle()
+        return self._running_on
+
+    @property
+    def mem_act(self) -> np.ndarray:
+        """Activation bytes per device (settled)."""
+        self.settle()
+        return self._mem_act
 
     # ---- iterations ------------------------------------------------------------------
     def add_iteration(self, graph: IterationGraph, now: float = 0.0, home: int = -1) -> IterationHandle:
@@ -343,7 +387,7 @@ class GlobalMappingGraph:
         self._cols["start_t"][i] = t
         self._ready.discard(slice_id)
         for d in self.cluster.group(int(self._cols["group"][i])):
-            self.running_on[d] = slice_id
+            self._running_on[d] = slice_id
 
     def finish(self, slice_id: int, t: float) -> tuple[list[int], int | None]:
         """Mark a slice done at `t`; returns (slices that became ready, finished iteration key or None)."""
@@ -352,9 +396,9 @@ class GlobalMappingGraph:
         c["end_t"][i] = t
         start = float(c["start_t"][i])
         for d in self.cluster.group(int(c["group"][i])):
-            self.busy.append(d, start, t)
-            if self.running_on[d] == slice_id:
-                self.running_on[d] = -1
+            self._busy.append(d, start, t)
+            if self._running_on[d] == slice_id:
+                self._running_on[d] = -1
         it, local = self.iteration_of(slice_id)
         succ = it.succ_idx[it.succ_ptr[local]: it.succ_ptr[local + 1]] + it.base
         newly: list[int] = []
@@ -378,7 +422,7 @@ class GlobalMappingGraph:
         c["state"][i] = _RUNNING
         c["start_t"][i] = t
         self._ready.discard(slice_id)
-        run_on = self.running_on
+        run_on = self._running_on
         for d in devices:
             run_on[d] = slice_id
 
@@ -392,8 +436,8 @@ class GlobalMappingGraph:
         state = c["state"]
         state[i] = _DONE
         c["end_t"][i] = t
-        self.busy.add(devices, start, t)
-        run_on = self.running_on
+        self._busy.add(devices, start, t)
+        run_on = self._running_on
         for d in devices:
             if run_on.item(d) == slice_id:  # .item(): a Python scalar, cheaper than a numpy one
                 run_on[d] = -1
@@ -435,7 +479,7 @@ class GlobalMappingGraph:
             c["end_t"][ids] = ends[:-1]
             c["preds_left"][nxt] = 0
             c["ready_t"][nxt] = ends[:-1]
-            self.busy.extend(devices, starts[:-1], ends[:-1])
+            self._busy.extend(devices, starts[:-1], ends[:-1])
             self.iterations[key].remaining -= k - 1
             self.start_on(first + k - 1, float(starts[-1]), devices)
         return self.finish_on(first + k - 1, float(ends[-1]), float(starts[-1]), devices, key, succ)
@@ -445,27 +489,34 @@ class GlobalMappingGraph:
         it = self.iterations.pop(key)
         ids = range(it.base, it.base + it.graph.num_slices)
         self._ready.difference_update(ids)
-        self.running_on[np.isin(self.running_on, np.asarray(ids))] = -1
+        self._running_on[np.isin(self._running_on, np.asarray(ids))] = -1
         return it.graph
 
     # ---- cluster-wide queries ----------------------------------------------------------
     def ready_slices(self) -> np.ndarray:
-        """Ready, not yet started slices (mapped or not), sorted by id."""
+        """Ready, not yet started slices (mapped or not), sorted by id (settled)."""
+        self.settle()
+        return self.raw_ready()
+
+    def raw_ready(self) -> np.ndarray:
+        """`ready_slices` as last written (see `raw`)."""
         return np.fromiter(sorted(self._ready), np.int64, len(self._ready))
 
     def unmapped_ready(self) -> np.ndarray:
-        r = self.ready_slices()
+        """Ready slices not mapped to a group, sorted (exact unsettled: what a backend buffers is mapped)."""
+        r = self.raw_ready()
         return r[self._cols["group"][r & self._mask] < 0]
 
     def live_slices(self) -> np.ndarray:
         """All slices of live iterations."""
+        self.settle()
         if not self.iterations:
             return np.zeros(0, np.int64)
         return np.concatenate([np.arange(it.base, it.base + it.graph.num_slices) for it in self.iterations.values()])
 
     def busy_intervals(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """All finished busy intervals of one device, in completion order (for reports)."""
-        b = self.busy
+        b = self.busy  # settles
         n = b.n  # flushes
         m = b.device[:n] == device
         return b.start[:n][m], b.end[:n][m]
@@ -474,10 +525,10 @@ class GlobalMappingGraph:
         """Idle gaps of every device inside [t0, t1] as flat (device, start, end) arrays,
         sorted by device then start. A running slice is busy until its predicted end (`end_t`,
         if a backend set one) or t1. Vectorized across devices: the scheduler asks this often."""
-        dev, s, e = self.busy.since(t0)
-        run = np.flatnonzero(self.running_on >= 0)
+        dev, s, e = self.busy.since(t0)  # settles
+        run = np.flatnonzero(self._running_on >= 0)
         if len(run):
-            ids = self.running_on[run] & self._mask
+            ids = self._running_on[run] & self._mask
             rend = self._cols["end_t"][ids]
             dev = np.concatenate([dev, run.astype(np.int32)])
             s = np.concatenate([s, self._cols["start_t"][ids]])
@@ -493,7 +544,7 @@ class GlobalMappingGraph:
     # ---- memory ------------------------------------------------------------------------
     def mem_used(self) -> np.ndarray:
         """Bytes in use per device: weights + KV cache + live activations + transfer buffers."""
-        return self.mem_weights + self.mem_kv + self.mem_act + self.mem_xfer
+        return self.mem_weights + self.mem_kv + self.mem_act + self.mem_xfer  # mem_act settles
 
     def mem_free(self) -> np.ndarray:
         return self.capacity_bytes - self.mem_used()
@@ -533,6 +584,7 @@ class GlobalMappingGraph:
 
     def summary(self) -> dict[str, float]:
         """Counts for a status line: live iterations and slices, ready, memory in use."""
+        self.settle()
         return {
             "live_iterations": len(self.iterations),
             "live_slices": int(sum(it.graph.num_slices for it in self.iterations.values())),

@@ -318,7 +318,9 @@ class ReplayDriver:
         gmg, n = self.gmg, it.graph.num_slices
         m, lo = gmg.mask, it.base & gmg.mask
         idx = slice(lo, lo + n) if lo + n <= m + 1 else np.arange(it.base, it.base + n) & m
-        groups, start, end = gmg.col("group")[idx], gmg.col("start_t")[idx], gmg.col("end_t")[idx]
+        # a finished iteration's rows are final: read them as written, not settling the whole GMG
+        col = gmg.raw if finished else gmg.col
+        groups, start, end = col("group")[idx], col("start_t")[idx], col("end_t")[idx]
         if not finished:
             done = gmg.col("state")[idx] == SliceState.DONE
             groups, start, end = groups[done], start[done], end[done]

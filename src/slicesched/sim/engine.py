@@ -169,7 +169,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         watch run as exact segments, many times faster; the outcome still lists every completed
         slice): `wake="iteration"` (schedulers that place whole iterations, such as the baselines)
         runs on until an iteration finishes; `wake=groups` (a collection of group ids) until an
-        iteration finishes or a slice on one of those groups completes.
+        iteration finishes or a slice on one of those groups completes. Steps of chains that go on
+        running are written to the GMG (and reported as completed) when the GMG is next read, or
+        when their chain ends or is split (see `GlobalMappingGraph.defer`).
         """
         if isinstance(wake, str):
             if wake not in ("slice", "iteration"):
@@ -190,7 +192,8 @@ class Simulator(SegmentMixin, WeightsMixin):
             if not per_slice:
                 self._form_segments()
             self._run_to_completion(self._done if per_slice else self._hits, until)
-            self._sync_segments()  # the GMG shows the state at `now`; the segments go on
+            # the GMG shows the state at `now` once read (segments write their steps out then)
+            self.gmg.defer(self._sync_segments if self._nseg else None)
         finally:
             self.segments, self._watch, self._hits = seg, None, None
         self._weights_seen = self.gmg.mem_weights.tobytes()
@@ -211,6 +214,7 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _run_to_completion(self, done: list, until: float) -> None:
         """Process events until `done` gets an entry (and every event at that instant), nothing
         is left, or the clock would pass `until`."""
+        self.gmg.defer(None)  # steps still held by segments are written when they end or split
         next_time, process = self._next_time, self._process
         first: float | None = None
         while True:
@@ -257,6 +261,7 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     def step(self) -> bool:
         """Process the next event; False when none is left."""
+        self.gmg.defer(None)
         if self._next_time() == INF:
             return False
         self._process()
@@ -268,6 +273,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         return self.take_outcome()
 
     def _advance(self, until: float) -> None:
+        self.gmg.defer(None)
         while (t := self._next_time()) <= until and t < INF:
             self._process()
         if until < INF:
@@ -341,7 +347,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         ids = range(it.base, it.base + it.graph.num_slices)
         ev: list[Event] = []
         for s in ids:
-            if self.gmg.get("group", s) >= 0 and int(self.gmg.get("state", s)) != _DONE:
+            i = s & self.gmg.mask
+            if self.gmg.raw("group")[i] >= 0 and int(self.gmg.raw("state")[i]) != _DONE:
                 ev += self._unplace(s) if s not in self._running else self._stop_running(s)
         for s in ids:
             out = self._outputs.pop(s, None)
@@ -390,13 +397,16 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """(times, bytes in use) of one device since the simulator started (needs `record`)."""
+        self.gmg.settle()
         return self.mem.timeline(device)
 
     def perfetto(self, ops: bool = True) -> dict:
         """The recorded timeline as Chrome/Perfetto trace JSON (see trace.py; needs `record`)."""
+        self.gmg.settle()
         return chrome_trace(self, ops)
 
     def peak_memory(self) -> np.ndarray:
+        self.gmg.settle()
         return self.mem.peak()
 
     # ==== event loop ===================================================================
@@ -541,12 +551,12 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     def _next_here(self, x: int, g: int) -> bool:
         """Is x mapped to group g with no input on its way from elsewhere?"""
-        return self.gmg.col("group").item(x & self.gmg.mask) == g and x not in self._inbound
+        return self.gmg.raw("group").item(x & self.gmg.mask) == g and x not in self._inbound
 
     def _successors(self, s: int, info: IterInfo, j: int, g: int, succ: tuple[int, ...],
                     newly: list[int]) -> list[Event]:
         ev: list[Event] = []
-        group, m, reads = self.gmg.col("group"), self.gmg.mask, self._reads
+        group, m, reads = self.gmg.raw("group"), self.gmg.mask, self._reads
         for x in succ:
             if reads is not None and x not in reads:
                 reads[x] = self._stamp
@@ -641,7 +651,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         """Map a run of slices (vectorized: a whole iteration is the common case)."""
         self._devs(p.group)
         ids = np.arange(p.first_slice, p.first_slice + p.num_slices)
-        keys = self.gmg.col("iteration")[ids & self.gmg.mask]
+        keys = self.gmg.raw("iteration")[ids & self.gmg.mask]
         if keys[0] == keys[-1]:  # one iteration (keys never decrease along ids): the common case
             return self._place_within(ids, int(keys[0]), p.group)
         cuts = np.flatnonzero(np.diff(keys)) + 1
@@ -658,16 +668,16 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._timing(info, g)  # price the iteration on this group now: rejects a bad group size
         self._split_covering(int(ids[0]), int(ids[-1]))
         idx = ids & self.gmg.mask
-        state = self.gmg.col("state")[idx]
+        state = self.gmg.raw("state")[idx]
         if (state > _READY).any():
             raise ValueError(f"placement of slice {int(ids[state > _READY][0])}: already started")
         ev: list[Event] = []
         committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
-        for x in ids[self.gmg.col("group")[idx] >= 0].tolist():
+        for x in ids[self.gmg.raw("group")[idx] >= 0].tolist():
             if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
                 ev += self._unplace(x)
         self.gmg.map(int(ids[0]), g, len(ids))
-        some_pred_done = self.gmg.col("preds_left")[idx] < info.npreds[ids - info.base]
+        some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[ids - info.base]
         for x in ids[(state == _READY) | some_pred_done].tolist():
             ev += self._on_mapped(x, g, info)
         return ev
@@ -675,7 +685,7 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _on_mapped(self, x: int, g: int, info: IterInfo) -> list[Event]:
         j = x - info.base
         ev: list[Event] = []
-        state, group, m = self.gmg.col("state"), self.gmg.col("group"), self.gmg.mask
+        state, group, m = self.gmg.raw("state"), self.gmg.raw("group"), self.gmg.mask
         for pl in info.preds[j]:
             p = info.base + pl
             gp = int(group[p & m])
@@ -748,8 +758,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         self.mem.move(flow.dst, flow.nbytes, XFER, ACT, self.now)
         pend, got = self._inbound[x]
         self._inbound[x] = (pend - 1, got + ((flow.dst, flow.nbytes),))
-        if pend == 1 and int(self.gmg.get("state", x)) == _READY:
-            bisect.insort(self._queue, (self.now, x, int(self.gmg.get("group", x)), self._info_of(x)[0]))
+        i = x & self.gmg.mask
+        if pend == 1 and int(self.gmg.raw("state")[i]) == _READY:
+            bisect.insort(self._queue, (self.now, x, int(self.gmg.raw("group")[i]), self._info_of(x)[0]))
 
     # ==== memory =======================================================================
     def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str,
@@ -777,7 +788,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         return d
 
     def _info_of(self, s: int) -> tuple[IterInfo, int]:
-        key = int(self.gmg.col("iteration")[s & self.gmg.mask])
+        key = int(self.gmg.raw("iteration")[s & self.gmg.mask])
         info = self._sh.infos.get(key)
         if info is None:
             info = self._sh.infos[key] = build_info(self.gmg, key)
@@ -786,7 +797,7 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _read_group(self, x: int) -> int:
         if self._reads is not None and x not in self._reads:
             self._reads[x] = self._stamp
-        return int(self.gmg.col("group")[x & self.gmg.mask])
+        return int(self.gmg.raw("group")[x & self.gmg.mask])
 
     def _timing(self, info: IterInfo, g: int) -> SliceTiming:
         t = self._tcache.get((info.key, g))
@@ -819,7 +830,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         mem = tuple(np.concatenate(self.mem.arrays).tolist())
         return (running, tuple(q[:3] for q in self._queue), tuple(sorted(self._outputs.items())),
                 tuple(sorted(self._inbound.items())), tuple(sorted(self._wwait.items())), flows, mem,
-                tuple(self.gmg.ready_slices().tolist()), tuple(self._free), self._wver)
+                tuple(self.gmg.raw_ready().tolist()), tuple(self._free), self._wver)
 
     def _same_state(self, d: tuple) -> bool:
         """`self.digest() == d`, comparing the cheapest parts first and stopping at the first
@@ -831,7 +842,7 @@ class Simulator(SegmentMixin, WeightsMixin):
                 and tuple(sorted(self._inbound.items())) == d[3]
                 and tuple(sorted(self._wwait.items())) == d[4]
                 and tuple(np.concatenate(self.mem.arrays).tolist()) == d[6]
-                and tuple(self.gmg.ready_slices().tolist()) == d[7]
+                and tuple(self.gmg.raw_ready().tolist()) == d[7]
                 and tuple(sorted(f.state() for f in self.net.flows.values())) == d[5]
                 and self.digest()[0] == d[0])
 

@@ -70,12 +70,12 @@ class Incremental:
     def _start_reads(self, base: Simulator) -> None:
         """Slices already ready, or with a finished predecessor, act on a new mapping at once."""
         first_event = base._stamp + 1
-        state, m = base.gmg.col("state"), base.gmg.mask
+        state, m = base.gmg.raw("state"), base.gmg.mask
         for key in base.gmg.iterations:
             info, _ = base._info_of(base.gmg.iterations[key].base)
             ids = np.arange(info.base, info.base + info.n)
             st = state[ids & m]
-            left = base.gmg.col("preds_left")[ids & m]
+            left = base.gmg.raw("preds_left")[ids & m]
             hot = ids[(st == SliceState.READY) | ((st == SliceState.PENDING) & (left < info.npreds))]
             for x in hot.tolist():
                 base._reads.setdefault(x, first_event)
@@ -128,7 +128,7 @@ class Incremental:
         return self._resume(run, stamp, ids)
 
     def _resume(self, run: Simulator, upto: int, changed: range) -> Prediction:
-        state, m = run.gmg.col("state"), run.gmg.mask
+        state, m = run.gmg.raw("state"), run.gmg.mask
         unsettled = list(changed)  # changed slices not yet done with their outputs freed
         while run._next_time() <= self.t1:
             run._process()

@@ -182,7 +182,7 @@ class SegmentMixin:
         """Does ending slice j free only things on its own group?"""
         if not info.preds[j]:
             return True
-        return info.chain[j - 1] and int(self.gmg.col("group")[(info.base + j - 1) & self.gmg.mask]) == g
+        return info.chain[j - 1] and int(self.gmg.raw("group")[(info.base + j - 1) & self.gmg.mask]) == g
 
     def _group_reach(self: Any, info: "IterInfo", j: int, g: int) -> int:
         """Last slice m >= j such that j+1..m continue j's chain on group g."""
@@ -191,7 +191,7 @@ class SegmentMixin:
             return j
         m = self.gmg.mask
         lo, hi = (info.base + j + 1) & m, (info.base + cap) & m
-        col = self.gmg.col("group")
+        col = self.gmg.raw("group")
         groups = col[lo: hi + 1] if lo <= hi else col[np.arange(info.base + j + 1, info.base + cap + 1) & m]
         bad = groups != g
         return j + int(bad.argmax()) if bad.any() else cap

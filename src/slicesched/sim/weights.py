@@ -92,8 +92,9 @@ class WeightsMixin:
             self.gmg.resident_for_write(tenant)[block, d] = flow.nbytes
             self._wver += 1
         for s in self._wwait.pop((tenant, block, d), ()):
-            if int(self.gmg.get("state", s)) == _READY and self.gmg.get("group", s) >= 0:
-                bisect.insort(self._queue, (self.now, s, int(self.gmg.get("group", s)), self._info_of(s)[0]))
+            i = s & self.gmg.mask
+            if int(self.gmg.raw("state")[i]) == _READY and self.gmg.raw("group")[i] >= 0:
+                bisect.insort(self._queue, (self.now, s, int(self.gmg.raw("group")[i]), self._info_of(s)[0]))
 
     def _evict(self: Any, e: WeightEviction) -> None:
         self._touch((e.device,))
