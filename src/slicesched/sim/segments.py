@@ -416,7 +416,10 @@ class SegmentMixin:
 
     def _split_covering(self: Any, lo: int, hi: int) -> None:
         """Split every segment that relies on the mapping of one of slices lo..hi: its steps, its
-        waiting chains, and the slice after each step (which it would queue on its own group)."""
+        waiting chains, and the slice after each step (which it would queue on its own group).
+        One chain's last step is not followed inside the segment (its end event reads what
+        follows in the ordinary way), so a run placed right after it, such as the next
+        iteration's slices, leaves it whole."""
         if not self._nseg:
             return
         for key, run in list(self._running.items()):
@@ -424,7 +427,7 @@ class SegmentMixin:
             if seg is None:
                 continue
             if len(seg.chains) == 1:  # one chain: consecutive ids from the chain's first
-                hit = int(seg.ids[0]) <= hi and int(seg.ids[-1]) >= lo - 1
+                hit = int(seg.ids[0]) <= hi and int(seg.ids[-1]) >= lo
             else:
                 hit = (((seg.ids >= lo - 1) & (seg.ids <= hi)).any()
                        or any(lo <= c.info.base + c.first <= hi for c in seg.chains))
