@@ -211,6 +211,7 @@ class GlobalMappingGraph:
         # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
         self.resident = {t: np.zeros((2 * m.layers + 2, n)) for t, m in self.models.items()}
         self._resident_shared: set[str] = set()  # tenants whose array a fork shares (copy on write)
+        self.weights_version = 0  # bumped by every residency write (backends cache residency)
 
     # ---- storage ---------------------------------------------------------------------
     def _alloc_columns(self, cap: int) -> None:
@@ -245,6 +246,7 @@ class GlobalMappingGraph:
         # residency changes rarely (weight copies, evictions): arrays are shared until written
         g.resident = dict(self.resident)
         g._resident_shared = set(self.resident)
+        g.weights_version = self.weights_version
         self._resident_shared = set(self.resident)
         return g
 
@@ -568,6 +570,7 @@ class GlobalMappingGraph:
         if tenant in self._resident_shared:
             self.resident[tenant] = self.resident[tenant].copy()
             self._resident_shared.discard(tenant)
+        self.weights_version += 1
         return self.resident[tenant]
 
     def weights_on(self, tenant: str, lo: int, hi: int, devices: tuple[int, ...]) -> bool:

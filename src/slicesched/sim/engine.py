@@ -127,7 +127,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._init_outputs()
         self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
         self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
-        self._weights_seen = gmg.mem_weights.tobytes()
+        self._weights_seen = gmg.weights_version
         self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self._owner = True  # owns the shared caches (forks and checkpoints do not)
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
@@ -179,8 +179,7 @@ class Simulator(SegmentMixin, WeightsMixin):
             watch = None if wake == "iteration" else _ALL
         else:
             watch = frozenset(wake)
-        weights = self.gmg.mem_weights.tobytes()
-        if weights != self._weights_seen:
+        if self.gmg.weights_version != self._weights_seen:
             self._notice_outside_changes()
         per_slice = watch is _ALL
         if self._nseg and (per_slice or watch):
@@ -196,7 +195,7 @@ class Simulator(SegmentMixin, WeightsMixin):
             self.gmg.defer(self._sync_segments if self._nseg else None)
         finally:
             self.segments, self._watch, self._hits = seg, None, None
-        self._weights_seen = self.gmg.mem_weights.tobytes()
+        self._weights_seen = self.gmg.weights_version
         return self.take_outcome()
 
     def _split_on_groups(self, groups: frozenset[int]) -> None:
@@ -230,9 +229,9 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _notice_outside_changes(self) -> None:
         """A driver may load or evict weights through the GMG directly: forget cached residency
         and re-plan segments, whose memory checks assumed the old state."""
-        if self.gmg.mem_weights.tobytes() != self._weights_seen:
+        if self.gmg.weights_version != self._weights_seen:
             self._wver += 1
-            self._weights_seen = self.gmg.mem_weights.tobytes()
+            self._weights_seen = self.gmg.weights_version
             if self._nseg:
                 self._dissolve_segments()
 
@@ -366,7 +365,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         slices re-timed to their predicted ends) and runs chains as segments."""
         if self.perturbation is not None and self._nseg:
             self._dissolve_segments()  # see `_copy`; before the key, which the split changes
-        key = (self._stamp, self._ver, self.gmg.mem_weights.tobytes())
+        key = (self._stamp, self._ver, self.gmg.weights_version)
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
             f = self._copy(keep_log=False, retime=False, segments=True, running=False)
@@ -867,7 +866,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f.record = True
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
         f._tcache = {}
-        f._weights_seen = f.gmg.mem_weights.tobytes()
+        f._weights_seen = f.gmg.weights_version
         f._fork_plan = None
         f._owner = False
         f._reads, f._soft, f.on_event = None, None, None
