@@ -15,10 +15,11 @@ is perturbed (seeded noise and interference). Prints one `name: value unit` a li
   CPython whatever the engine does; _wake_slice_layer_grain: per-slice wake, LAYER grain;
   _wake_one_group: woken after every slice of one group (t0's device) and at iteration ends,
   how SliceScheduler runs while it hosts a guest on one container.
-- whatif_p50_us / whatif_p99_us: fork + apply one placement + simulate 100 ms, over 10 replay
-  states x 40 what-ifs (the first at each state pays for planning the running chains and meets
-  cold CPU caches after the replay step; counted in); whatif_cold_us: median of those first
-  ones; whatif_p99_after_first_us: p99 of the others.
+- whatif_p50_us / whatif_p99_us: fork + apply one placement (the iteration just formed) +
+  simulate 100 ms, at 10 consecutive decision points of one replay x 40 what-ifs each (the first
+  at each point pays for planning the running chains and meets the caches the replay step left;
+  counted in); whatif_cold_us: median of those first ones; whatif_p99_after_first_us: p99 of
+  the others.
 - incremental_speedup: full re-simulation time over incremental for one change (the tail of a
   running iteration moved onto another device), median over states of per-state medians;
   incremental_record_us: the recorded base run (with a checkpoint at every event) that the
@@ -31,6 +32,7 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -111,12 +113,29 @@ def whatif_state(seed: int) -> tuple[Simulator, DecodeDriver, SlicePlacement]:
     return drv.sim, drv, pending[int(np.random.default_rng(seed).integers(len(pending)))]
 
 
+def decision_points(n: int, seed: int = 0) -> Iterator[tuple[Simulator, SlicePlacement]]:
+    """n consecutive decision points of one replay: the driver (woken at iteration ends, as the
+    replay runs schedulers without guests) advances until some tenant's iteration finishes and
+    that tenant's next iteration is formed; yields the simulator and that unplaced iteration."""
+    drv = DecodeDriver(seed=seed)
+    drv.run(0.05, "iteration")
+    pending: list[SlicePlacement] = []
+    for _ in range(n):
+        placed, pending = pending, []  # what was formed at the last point runs from here on
+        while not pending:
+            out = drv.sim.execute(SchedulerDecision(drv.sim.now, tuple(placed)), wake="iteration")
+            placed = []
+            for key in out.finished_iterations:
+                drv.sim.retire(key)
+                pending.append(drv.new_iteration(drv.live.pop(key)))
+        yield drv.sim, pending[0]
+
+
 def bench_whatif(states: int = 10, per_state: int = 40) -> tuple[float, float, float, float]:
     """(p50, p99, median of the first what-if at each state, p99 of the others) in microseconds."""
     lat, cold, warm = [], [], []
-    for seed in range(states):
-        sim, _, place = whatif_state(seed)
-        gc.collect()
+    gc.collect()
+    for sim, place in decision_points(states):
         for i in range(per_state):
             t = time.perf_counter()
             f = sim.fork()
