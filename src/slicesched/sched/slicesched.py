@@ -85,6 +85,11 @@ class SliceScheduler(Scheduler):
     def wants_every_slice(self) -> bool:
         return bool(self._guests)  # guest slices are placed a few at a time
 
+    def wake_on(self) -> "str | frozenset[int]":
+        """Every slice on the groups hosting guests (their slices are placed a few at a time,
+        between the owner's); elsewhere whole iterations run on."""
+        return frozenset(self._guests) if self._guests else "iteration"
+
     # ---- placement (every call) -----------------------------------------------------------
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         starts: tuple[GuestStart, ...] = ()
