@@ -241,3 +241,30 @@ def test_tenant_attribution_accounts_for_every_busy_second(slicesched_multi):
         logged = float((r.busy[d.device][:, 1] - r.busy[d.device][:, 0]).sum())
         assert d.home_busy_s + d.harvested_s == pytest.approx(logged, rel=1e-12)
         assert d.home_busy_s + d.harvested_s + d.idle_s == pytest.approx(r.makespan_s, rel=1e-12)
+
+
+TP_PAIR = """
+    [cluster]
+    devices_per_node = 4
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+    tp = 2
+    [[tenants]]
+    name = "b"
+    model = "llama-2-7b"
+    tp = 2
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a", "b"]
+    rate = 1.0
+"""
+
+
+def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
+    sc = scenario(TP_PAIR)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [0.0], [10], [2], ["a"]))
+    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
+    free = next(rs.engine.kv.num_free for rs in drv.replicas if rs.replica.tenant == "b")
+    (owner, n), = drv._borrow(b_devs, 1e9)  # one owner holds both devices: lent once, not refused
+    assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n

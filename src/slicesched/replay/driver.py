@@ -406,10 +406,12 @@ class ReplayDriver:
             owner = next((rs for rs in self.replicas if not rs.guest and d in rs.replica.devices), None)
             if owner is None:
                 return None
+            if any(o is owner for o, _ in plan):
+                continue  # a tensor-parallel owner's blocks span all its devices: lent once, freed on each
             block_bytes = BLOCK_TOKENS * owner.kv_bytes_per_token
             n = int(math.ceil(nbytes / block_bytes))
             kv = owner.engine.kv
-            if n > kv.num_free or kv.num_blocks - n < kv.num_blocks // 4 or any(o is owner for o, _ in plan):
+            if n > kv.num_free or kv.num_blocks - n < kv.num_blocks // 4:
                 return None
             plan.append((owner, n))
         for owner, n in plan:
