@@ -67,7 +67,7 @@ def test_single_request_latency_matches_hand_computed_cost():
 
 def test_a_lone_request_meets_its_sla_whatever_its_prompt_length():
     """SLOs scale each request's own isolated latency: alone, nobody violates."""
-    from slicesched.replay.driver import isolated_slas
+    from slicesched.replay.slo import isolated_slas
     from slicesched.serving import summarize
 
     sc = scenario(ONE_GPU.replace("perturbation_cv = 0.0", "perturbation_cv = 0.0\n    grain = \"block\"")
@@ -75,7 +75,7 @@ def test_a_lone_request_meets_its_sla_whatever_its_prompt_length():
                   .replace("llama-2-7b", "mistral-7b"))  # 32k context: the 12k prompt is chunked, not refused
     prompts = [64, 900, 12000]
     trace = Trace.from_columns("t", [0.0, 100.0, 200.0], prompts, [8, 8, 8], ["a"] * 3)
-    slas = isolated_slas(sc, make_cost_model(), trace)
+    slas = isolated_slas(sc, make_cost_model())
     res = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, slas=slas).run()
     assert summarize(res.requests, res.makespan_s, slas).overall.violations == 0
 

@@ -2,6 +2,8 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slicesched.config import parse_scenario
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
@@ -96,3 +98,98 @@ def test_trace_stream_reads_real_azure_file(shared_traces):
     """)
     t = scenario_trace(sc)
     assert 0 < len(t) < 8819 and t.arrival_s.max() < 60
+
+
+# ---- prefix-nested rate scales (DESIGN.md 5) ------------------------------------------------
+
+def assert_prefix(sc, k1: float, k2: float, duration: float | None = None) -> None:
+    """The requests at k1 are the first ones at k2 with identical lengths and tenants, and their
+    arrivals are the same stream times divided by k."""
+    a, b = scenario_trace(sc, k1, duration), scenario_trace(sc, k2, duration)
+    n = len(a)
+    assert n <= len(b)
+    assert np.array_equal(a.prompt_tokens, b.prompt_tokens[:n])
+    assert np.array_equal(a.output_tokens, b.output_tokens[:n])
+    assert list(a.tenant) == list(b.tenant[:n])
+    np.testing.assert_allclose(a.arrival_s * k1, b.arrival_s[:n] * k2, rtol=1e-12, atol=1e-9)
+
+
+SYNTH_TWO_STREAMS = """
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+    [[tenants]]
+    name = "b"
+    model = "llama-2-7b"
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a", "b"]
+    rate = {rate}
+    cv = {cv}
+    [[streams]]
+    source = "synthetic"
+    tenants = ["b"]
+    rate = 3.0
+    cv = 2.0
+    [replay]
+    duration_s = 20
+"""
+
+
+@settings(max_examples=25, deadline=None)
+@given(rate=st.floats(0.5, 50.0), cv=st.floats(0.3, 4.0), k1=st.floats(0.1, 4.0), ratio=st.floats(1.0, 6.0),
+       seed=st.integers(0, 50))
+def test_synthetic_rate_scales_are_prefix_nested(rate, cv, k1, ratio, seed):
+    sc = scenario(SYNTH_TWO_STREAMS.format(rate=rate, cv=cv)).model_copy(update={"seed": seed})
+    assert_prefix(sc, k1, k1 * ratio)
+
+
+def test_synthetic_lengths_do_not_change_with_the_window():
+    sc = scenario(SYNTH_TWO_STREAMS.format(rate=10.0, cv=3.0))
+    short, long = scenario_trace(sc, 1.0, 5.0), scenario_trace(sc, 1.0, 50.0)
+    assert len(short) > 20 and np.array_equal(short.prompt_tokens, long.prompt_tokens[:len(short)])
+
+
+def test_seeds_give_different_samples():
+    sc = scenario(SYNTH_TWO_STREAMS.format(rate=10.0, cv=3.0))
+    a, b = scenario_trace(sc), scenario_trace(sc.model_copy(update={"seed": 1}))
+    assert not np.array_equal(a.prompt_tokens[:10], b.prompt_tokens[:10])
+
+
+def test_trace_stream_rate_scales_are_prefix_nested(shared_traces):
+    sc = scenario(f"""
+        [[tenants]]
+        name = "a"
+        model = "llama-2-7b"
+        [[tenants]]
+        name = "b"
+        model = "llama-2-7b"
+        [[streams]]
+        source = "trace"
+        path = "{shared_traces / 'azure_llm_2023' / 'AzureLLMInferenceTrace_conv.csv'}"
+        tenants = ["a", "b"]
+        start_s = 100
+        [replay]
+        duration_s = 30
+    """)
+    assert_prefix(sc, 0.5, 3.0)
+
+
+def test_servegen_rate_scales_are_prefix_nested(shared_traces):
+    sc = scenario(f"""
+        [[tenants]]
+        name = "a"
+        model = "llama-2-7b"
+        [[tenants]]
+        name = "b"
+        model = "llama-2-7b"
+        [[streams]]
+        source = "servegen"
+        root = "{shared_traces / 'servegen' / 'data'}"
+        model = "m-large"
+        tenants = ["a", "b"]
+        rate_scale = 0.5
+        [replay]
+        duration_s = 400
+    """)
+    assert_prefix(sc, 1.0, 2.5)  # spans cross a 600 s rate window of the data

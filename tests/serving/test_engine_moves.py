@@ -77,13 +77,19 @@ def test_kv_lend_only_free_blocks_and_reclaim_restores():
     assert kv.num_free == 4
 
 
-def test_sla_curve_gives_each_request_the_deadline_of_its_own_prompt():
+def test_scaled_sla_judges_a_request_by_the_deadline_of_its_own_prompt():
     import numpy as np
 
     from slicesched.serving import SLA
 
-    sla = SLA(0.1, 0.02, ((16.0, 1024.0, 8192.0), (0.01, 0.1, 1.0)))
-    assert sla.ttft_for(np.array([16, 1024, 4608])).tolist() == pytest.approx([0.01, 0.1, 0.55])
+    class PerToken:  # 20 us per prompt token to the first token, 4 ms per output token
+        def ttft(self, p):
+            return np.asarray(p) * 2e-5
+
+        def tpot(self, p):
+            return np.full(len(p), 4e-3)
+
+    sla = SLA.scaled(PerToken(), 5.0)
     r = Request(0, "t", 0.0, 8192, 1)
-    r.first_token_s = r.last_token_s = r.finish_s = 0.9  # slow for a median prompt, fine for its own
-    assert sla.judge(r, 1.0) is False
+    r.first_token_s = r.last_token_s = r.finish_s = 0.8  # slow for a 1024-token prompt, fine for its own
+    assert 0.8 > sla.ttft_s and sla.judge(r, 1.0) is False

@@ -42,7 +42,7 @@ def test_single_request_timeline_gives_exact_ttft_tpot_e2e() -> None:
     assert [b.is_prefill for b in batches] == [(True,), (False,), (False,), (False,)]
     assert r.state is RequestState.FINISHED and r.num_generated == 4
     assert (r.ttft_s, r.tpot_s, r.e2e_s) == (0.5, 0.5, 2.0)
-    s = summarize([r], makespan_s=4.0).overall
+    s = summarize([r], end_s=4.0).overall
     assert (s.ttft_p50, s.tpot_p99, s.e2e_p90) == (0.5, 0.5, 2.0)
     assert s.token_throughput == 104 / 4.0 and s.output_throughput == 1.0
 

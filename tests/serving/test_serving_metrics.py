@@ -14,7 +14,6 @@ from slicesched.serving.metrics import (
     idle_intervals,
     request_frame,
     summarize,
-    throughput_at_sla,
 )
 from slicesched.serving.request import Request, RequestState
 from slicesched.serving.sla import SLA
@@ -51,7 +50,7 @@ def hand_built() -> list[Request]:
 
 
 def test_violation_rate_on_hand_built_case() -> None:
-    s = summarize(hand_built(), makespan_s=END, slas={"a": SLA_A})
+    s = summarize(hand_built(), end_s=END, slas={"a": SLA_A})
     a = s.tenant("a")
     assert (a.requests, a.completed, a.judged, a.violations) == (7, 3, 5, 4)
     assert a.violation_rate == pytest.approx(4 / 5)
@@ -64,18 +63,54 @@ def test_scalar_judge_matches_the_summary_rule() -> None:
     assert verdicts == [False, True, True, True, None, None, True]
 
 
-def test_scaled_sla_multiplies_isolated_latency() -> None:
-    assert SLA.scaled(0.2, 0.02) == SLA(1.0, 0.1)
-    assert SLA.scaled(0.2, 0.02, scale=2.0) == SLA(0.4, 0.04)
+class LinearLatency:
+    """An IsolatedLatency whose latencies grow with the prompt: 1 ms per prompt token to the
+    first token, 10 ms + 1 us per prompt token per output token."""
+
+    def ttft(self, prompt_tokens):
+        return np.asarray(prompt_tokens) * 1e-3
+
+    def tpot(self, prompt_tokens):
+        return 1e-2 + np.asarray(prompt_tokens) * 1e-6
 
 
-def test_throughput_counts_prompt_and_generated_tokens_of_completed_requests() -> None:
-    s = summarize(hand_built(), makespan_s=END, slas={"a": SLA_A})
-    assert s.tenant("a").token_throughput == pytest.approx(3 * 110 / END)
-    assert s.tenant("a").output_throughput == pytest.approx(30 / END)
-    assert s.overall.token_throughput == pytest.approx((330 + 51) / END)
+def test_scaled_sla_follows_each_requests_own_prompt() -> None:
+    sla = SLA.scaled(LinearLatency(), 5.0)
+    assert sla.ttft_for(np.array([100, 20000])).tolist() == pytest.approx([0.5, 100.0])
+    assert sla.tpot_for(np.array([0, 1000])).tolist() == pytest.approx([0.05, 0.055])
+    assert sla.ttft_s == pytest.approx(5 * 1.024)  # the reference prompt's SLO, for schedulers
+
+
+def test_absolute_objectives_override_the_scaled_ones() -> None:
+    sla = SLA.scaled(LinearLatency(), 5.0, ttft_s=2.0)
+    assert sla.ttft_for(np.array([100, 20000])).tolist() == [2.0, 2.0]
+    assert sla.tpot_for(np.array([1000])).tolist() == pytest.approx([0.055])
+
+
+def test_throughput_and_goodput_are_offered_tokens_over_the_arrival_window() -> None:
+    reqs = [done(0, "a", 0.0, 0.5, 0.95, 100, 10),  # met
+            done(1, "a", 9.8, 10.3, 10.75, 100, 10),  # arrives in the window, finishes after it: met
+            done(2, "a", 2.0, 4.0, 4.5, 100, 10),  # ttft 2 s: violates
+            rejected(3, "a", 3.0)]  # offered 4000 + 200 tokens, refused
+    s = summarize(reqs, end_s=20.0, slas={"a": SLA_A}, window_s=10.0)
+    a = s.tenant("a")
+    assert a.token_throughput == pytest.approx((3 * 110 + 4200) / 10.0)
+    assert a.token_goodput == pytest.approx(2 * 110 / 10.0)
+    assert a.output_throughput == pytest.approx((3 * 10 + 200) / 10.0)
+    assert (a.completed, a.rejected, a.unfinished, a.violations) == (3, 1, 0, 2)
+
+
+def test_throughput_does_not_depend_on_when_the_run_ended() -> None:
+    early = summarize(hand_built(), end_s=END, slas={"a": SLA_A}, window_s=10.0)
+    late = summarize(hand_built(), end_s=3 * END, slas={"a": SLA_A}, window_s=10.0)
+    assert early.overall.token_throughput == late.overall.token_throughput
+
+
+def test_summary_frame_has_a_row_per_tenant_and_latency_percentiles() -> None:
+    s = summarize(hand_built(), end_s=END, slas={"a": SLA_A})
     assert s.tenant("a").ttft_p50 == pytest.approx(0.5)
     assert s.tenant("a").tpot_p50 == pytest.approx(0.05)
+    assert s.tenant("a").unfinished == 4
     frame = s.to_frame()
     assert frame["tenant"].tolist() == ["a", "b", ALL_TENANTS] and "violation_rate" in frame
 
@@ -111,7 +146,7 @@ def rejected(i: int, tenant: str, arrival: float) -> Request:
 
 
 def test_rejected_request_is_counted_as_rejected_not_completed() -> None:
-    s = summarize([done(0, "a", 0.0, 0.5, 0.95, 100, 10), rejected(1, "a", 1.0)], makespan_s=END)
+    s = summarize([done(0, "a", 0.0, 0.5, 0.95, 100, 10), rejected(1, "a", 1.0)], end_s=END)
     a = s.tenant("a")
     assert (a.requests, a.completed, a.rejected) == (2, 1, 1)
     assert s.overall.rejected == 1
@@ -145,21 +180,3 @@ def test_harvest_share_counts_all_work_on_a_device_without_home() -> None:
 def test_harvest_share_is_nan_on_a_device_its_home_kept_busy() -> None:
     h = harvest_share({0: [(0.0, 2.0)]}, {0: {"a": 2.0}}, {0: "a"}, makespan_s=2.0)
     assert math.isnan(h.devices[0].share) and math.isnan(h.share)
-
-
-def test_throughput_at_sla_bisects_to_the_known_threshold() -> None:
-    threshold = 2.37
-
-    def run(k: float) -> tuple[float, float]:
-        return (0.02 if k <= threshold else 0.3), 100.0 * k
-
-    r = throughput_at_sla(run, lo=0.5, hi=8.0, iters=20)
-    assert r.feasible and threshold - 7.5 / 2**20 <= r.scale <= threshold
-    assert r.token_throughput == pytest.approx(100.0 * r.scale) and r.violation_rate == 0.02
-    assert len(r.probes) == 22
-
-
-def test_throughput_at_sla_edges() -> None:
-    assert not throughput_at_sla(lambda k: (0.5, k), 1.0, 4.0).feasible
-    r = throughput_at_sla(lambda k: (0.0, k), 1.0, 4.0)
-    assert r.feasible and r.scale == 4.0 and len(r.probes) == 2

@@ -79,7 +79,7 @@ class RunResult:
     scheduler: str
     rate_scale: float
     requests: list[Request]
-    makespan_s: float
+    makespan_s: float  # end of the run: the last completion (drain included) or the horizon
     slas: dict[str, SLA]
     busy: dict[int, np.ndarray]  # device -> (n, 2) busy intervals
     num_devices: int
@@ -88,52 +88,7 @@ class RunResult:
     timeline: dict | None = None  # Perfetto trace, when recorded
     tenant_busy: dict[int, dict[str, float]] = field(default_factory=dict)  # device -> tenant -> compute s
     home: dict[int, str] = field(default_factory=dict)  # device -> tenant of its scenario container
-
-
-def isolated_slas(sc: Scenario, cost: CostModel, trace: Trace) -> dict[str, SLA]:
-    """Per tenant: absolute SLOs, or sla_scale x the isolated latency on the tenant's own
-    container: TTFT per request from its own prompt length (its chunked prefill alone, on a grid
-    of lengths, interpolated), TPOT from a batch-1 decode at the tenant's median prompt."""
-    cluster = build_cluster(sc)
-    dev = cluster.device_specs[0]
-    out = {}
-    tenants = np.asarray(trace.tenant) if trace.tenant is not None else np.array([])
-    for t in sc.tenants:
-        m = model_spec(t.model)
-        mine = tenants == t.name
-        prompts = trace.prompt_tokens[mine] if mine.any() else np.array([512])
-        link = cluster.link(0, 1) if t.tp > 1 else cluster.link(0, 0)
-        grid = _prompt_grid(int(prompts.max()))
-        ttft = [_isolated_prefill(m, t.tp, p, t.max_batch_tokens if t.chunked_prefill else p, cost, dev, link)
-                for p in grid]
-        median = int(np.median(prompts))
-        tpot = cost.op_times(build_iteration(m, BatchShape.decode(1, median), t.tp), dev, link).sum()
-        curve = (tuple(float(g) for g in grid), tuple(t.sla_scale * x for x in ttft))
-        scaled_median = float(np.interp(median, *curve))
-        if t.ttft_slo_s:
-            out[t.name] = SLA(t.ttft_slo_s, t.tpot_slo_s or float(tpot) * t.sla_scale)
-        else:
-            out[t.name] = SLA(scaled_median, t.tpot_slo_s or float(tpot) * t.sla_scale, curve)
-    return out
-
-
-def _prompt_grid(longest: int) -> list[int]:
-    """Powers of two from 16 up to the longest prompt (and it): interpolation points."""
-    grid = [16]
-    while grid[-1] < longest:
-        grid.append(min(grid[-1] * 2, longest))
-    return grid
-
-
-def _isolated_prefill(m: ModelSpec, tp: int, prompt: int, chunk: int, cost: CostModel, dev, link) -> float:
-    """Seconds to prefill `prompt` tokens alone, in chunks of `chunk` (the engine's budget)."""
-    total, done = 0.0, 0
-    while done < prompt:
-        n = min(chunk, prompt - done)
-        shape = BatchShape(np.array([n]), np.array([done]), 1)
-        total += float(cost.op_times(build_iteration(m, shape, tp), dev, link).sum())
-        done += n
-    return total
+    window_s: float = 0.0  # the arrival window: throughputs divide by it (DESIGN.md 5)
 
 
 class ReplayDriver:
@@ -141,8 +96,9 @@ class ReplayDriver:
 
     def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
                  cost: CostModel | None = None, slas: dict[str, SLA] | None = None,
-                 record_timeline: bool = False) -> None:
+                 record_timeline: bool = False, window_s: float | None = None) -> None:
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
+        self.window_s = sc.replay.duration_s if window_s is None else window_s
         self.slas = slas or {}
         self.cost = cost or make_cost_model("roofline")
         self.cluster = build_cluster(sc)
@@ -513,7 +469,7 @@ class ReplayDriver:
         timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
-                         self._tenant_busy(), self.home)
+                         self._tenant_busy(), self.home, self.window_s)
 
 
 TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory

@@ -7,7 +7,6 @@ runs fan out to worker processes (or Ray tasks given a cluster address) and come
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -17,18 +16,24 @@ import pandas as pd
 
 from slicesched.config.scenario import Scenario
 from slicesched.cost import make_cost_model
-from slicesched.replay.driver import ReplayDriver, RunResult, isolated_slas
+from slicesched.replay.driver import ReplayDriver, RunResult
+from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
-from slicesched.serving import (HarvestSummary, ServingSummary, harvest_share, request_frame, summarize,
-                                throughput_at_sla)
+from slicesched.serving import HarvestSummary, ServingSummary, harvest_share, request_frame, summarize
 
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
+    """One replay: a scheduler at a rate scale, on the scenario's sample `seed` (None: its own).
+    Without `detail` the summary keeps only the metrics (no per-request frame, no busy
+    intervals), which is all a capacity search needs and much less to ship between processes."""
+
     scheduler: str
     rate_scale: float
     record_timeline: bool = False
+    seed: int | None = None
+    detail: bool = True
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class RunSummary:
 
     scheduler: str
     rate_scale: float
+    seed: int
     summary: ServingSummary
     requests: pd.DataFrame
     busy: dict[int, np.ndarray]
@@ -61,28 +67,38 @@ class RunSummary:
     def token_throughput(self) -> float:
         return self.summary.overall.token_throughput
 
+    @property
+    def token_goodput(self) -> float:
+        return self.summary.overall.token_goodput
+
+
+def with_seed(sc: Scenario, seed: int | None) -> Scenario:
+    """The scenario's sample `seed`: other arrivals, lengths and duration noise, same everything else."""
+    return sc if seed is None or seed == sc.seed else sc.model_copy(update={"seed": seed})
+
 
 def run_one(sc: Scenario, spec: RunSpec, duration_s: float | None = None,
             progress: Callable[[float], None] | None = None) -> RunSummary:
     """One replay; the SLAs come from the scenario alone so every scheduler is judged alike."""
+    sc = with_seed(sc, spec.seed)
     cost = make_cost_model("roofline")
-    trace = scenario_trace(sc, spec.rate_scale, duration_s)
-    slas = isolated_slas(sc, cost, scenario_trace(sc, 1.0, duration_s))
+    window = sc.replay.duration_s if duration_s is None else duration_s
+    trace = scenario_trace(sc, spec.rate_scale, window)
     driver = ReplayDriver(sc, make_scheduler(spec.scheduler, sc), trace, rate_scale=spec.rate_scale, cost=cost,
-                          slas=slas, record_timeline=spec.record_timeline)
-    res = driver.run(progress)
-    return _summarize(res)
+                          slas=isolated_slas(sc, cost), record_timeline=spec.record_timeline, window_s=window)
+    return _summarize(driver.run(progress), sc.seed, spec.detail)
 
 
-def _summarize(res: RunResult) -> RunSummary:
-    summary = summarize(res.requests, res.makespan_s, res.slas)
-    frame = request_frame(res.requests, res.slas, res.makespan_s)
+def _summarize(res: RunResult, seed: int = 0, detail: bool = True) -> RunSummary:
+    summary = summarize(res.requests, res.makespan_s, res.slas, res.window_s or None)
+    frame = request_frame(res.requests, res.slas, res.makespan_s) if detail else pd.DataFrame()
     frame.insert(0, "rate_scale", res.rate_scale)
     frame.insert(0, "scheduler", res.scheduler)
     s = res.stats
-    return RunSummary(res.scheduler, res.rate_scale, summary, frame, res.busy, res.num_devices, res.makespan_s,
-                      s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests, s.rejected,
-                      res.timeline, s.over_context,
+    busy = res.busy if detail else {}
+    return RunSummary(res.scheduler, res.rate_scale, seed, summary, frame, busy, res.num_devices,
+                      res.makespan_s, s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests,
+                      s.rejected, res.timeline, s.over_context,
                       harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s))
 
 
@@ -134,15 +150,3 @@ def _run_on_ray(tasks: list, address: str, on_done: Callable[[RunSummary], None]
         if on_done:
             on_done(out[-1])
     return out
-
-
-def find_throughput_at_sla(sc: Scenario, scheduler: str, lo: float = 0.25, hi: float = 8.0, iters: int = 5,
-                           duration_s: float | None = None, max_violation: float = 0.09):
-    """Largest rate scale with at most `max_violation` SLA violations, by bisection."""
-
-    def probe(k: float) -> tuple[float, float]:
-        r = run_one(sc, RunSpec(scheduler, k), duration_s)
-        v = r.violation_rate
-        return (1.0 if math.isnan(v) else v), r.token_throughput
-
-    return throughput_at_sla(probe, lo, hi, max_violation=max_violation, iters=iters)

@@ -8,10 +8,13 @@ from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen
 
 
 def scenario_trace(sc: Scenario, rate_scale: float = 1.0, duration_s: float | None = None) -> Trace:
-    """All streams merged, `duration_s` seconds of arrivals after compressing time by `rate_scale`.
+    """The workload at rate scale k: `duration_s` seconds of arrivals after dividing the scenario's
+    arrival times by `rate_scale` (DESIGN.md 5).
 
-    Streams are generated for `duration_s * rate_scale` seconds of their own time, so that a
-    higher rate scale replays more of the same workload in the same wall window.
+    One fixed sequence of requests per seed: streams are generated for `duration_s * rate_scale`
+    seconds of their own time by prefix-consistent generators, with arrivals and lengths from
+    independent random streams, so the requests at k1 < k2 are a prefix of those at k2 with
+    identical lengths, and a request's lengths never depend on k or on the window.
     """
     duration = sc.replay.duration_s if duration_s is None else duration_s
     span = duration * rate_scale
@@ -21,7 +24,7 @@ def scenario_trace(sc: Scenario, rate_scale: float = 1.0, duration_s: float | No
 
 
 def _stream_trace(sc: Scenario, i: int, s, span: float) -> Trace:
-    seed = sc.seed * 1000 + i
+    seed = (sc.seed, i)  # one seed sequence per stream; tenant labels draw from their own child
     if isinstance(s, SyntheticStream):
         t = synthetic_trace(span, s.rate, s.cv, prompt_mean=s.prompt_mean, prompt_sigma=s.prompt_sigma,
                             output_mean=s.output_mean, output_sigma=s.output_sigma, seed=seed, name=f"stream{i}")
@@ -37,12 +40,20 @@ def _stream_trace(sc: Scenario, i: int, s, span: float) -> Trace:
     raise AssertionError(f"unhandled stream type {type(s).__name__}")
 
 
-def _assign(t: Trace, tenants: tuple[str, ...], popularity: str, alpha: float, seed: int) -> Trace:
-    return t.with_tenant(tenants[0]) if len(tenants) == 1 else t.assign_tenants(tenants, popularity, alpha, seed)
+def _assign(t: Trace, tenants: tuple[str, ...], popularity: str, alpha: float, seed: tuple[int, int]) -> Trace:
+    if len(tenants) == 1:
+        return t.with_tenant(tenants[0])
+    return t.assign_tenants(tenants, popularity, alpha, (*seed, 2))
 
 
-def _servegen(sc: Scenario, s: ServeGenStream, span: float, seed: int) -> Trace:
-    """Client i feeds tenant i (default: the busiest clients of the window, busiest first).
+CLIENT_CHOICE_S = 3600.0
+"""ServeGen tenants default to the busiest clients over this long after the stream's start
+(in trace time), a span fixed by the scenario alone so every rate scale and window sees the
+same clients."""
+
+
+def _servegen(sc: Scenario, s: ServeGenStream, span: float, seed: tuple[int, int]) -> Trace:
+    """Client i feeds tenant i (default: the busiest clients of the hour after `start_s`).
 
     ServeGen rates are multiplied by `s.rate_scale`: reading rate_scale x the window and
     stretching it back, so the busiest production clients fit a test cluster.
@@ -50,9 +61,10 @@ def _servegen(sc: Scenario, s: ServeGenStream, span: float, seed: int) -> Trace:
     root = sc.resolve_path(s.root)
     window = span * s.rate_scale
     clients = list(s.clients) if s.clients else [
-        c.client for c in list_servegen_clients(root, s.category, s.model, s.start_s, window)[: len(s.tenants)]]
+        c.client for c in list_servegen_clients(root, s.category, s.model, s.start_s,
+                                                CLIENT_CHOICE_S)[: len(s.tenants)]]
     t = servegen_trace(root, s.category, s.model, clients=clients, start_s=s.start_s, duration_s=window,
-                       seed=seed).scale_rate(s.rate_scale)
+                       seed=sc.seed * 1000 + seed[1]).scale_rate(s.rate_scale)
     mapping = {f"{s.model}/{c}": name for c, name in zip(clients, s.tenants)}
     df = t.to_frame()
     df["tenant"] = df["tenant"].map(mapping)

@@ -11,24 +11,21 @@ from slicesched.serving.metrics import (
     HarvestSummary,
     IdleHistogram,
     ServingSummary,
-    SLAProbe,
     TenantSummary,
-    ThroughputAtSLA,
     busy_fraction,
     harvest_share,
     idle_interval_histogram,
     idle_intervals,
     request_frame,
     summarize,
-    throughput_at_sla,
 )
 from slicesched.serving.request import Request, RequestState
-from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA
+from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA, IsolatedLatency
 
 __all__ = [
     "Batch", "TenantEngine", "KVBlockManager", "blocks_for", "DeviceHarvest", "HarvestSummary",
     "harvest_share", "IdleHistogram", "ServingSummary",
-    "SLAProbe", "TenantSummary", "ThroughputAtSLA", "busy_fraction", "idle_interval_histogram",
-    "idle_intervals", "request_frame", "summarize", "throughput_at_sla", "Request",
-    "RequestState", "DEFAULT_SLA_SCALE", "SLA",
+    "TenantSummary", "busy_fraction", "idle_interval_histogram",
+    "idle_intervals", "request_frame", "summarize", "Request",
+    "RequestState", "DEFAULT_SLA_SCALE", "SLA", "IsolatedLatency",
 ]

@@ -1,9 +1,9 @@
 """Serving metrics (DESIGN.md section 5), computed once at the end of a run.
 
-``replay`` calls ``summarize`` with every request of the run (finished or not), the makespan and
-one ``SLA`` per tenant, and ``request_frame`` for the per-request CSV/Parquet table; it calls
-``idle_interval_histogram`` / ``busy_fraction`` / ``harvest_share`` with the busy intervals each
-device recorded, and ``throughput_at_sla`` with a callback that replays the trace at a rate scale.
+``replay`` calls ``summarize`` with every request of the run (finished or not), the run's end,
+the arrival window and one ``SLA`` per tenant, and ``request_frame`` for the per-request
+CSV/Parquet table; it calls ``idle_interval_histogram`` / ``busy_fraction`` / ``harvest_share``
+with the busy intervals each device recorded. Capacity at SLA is ``replay.capacity``.
 All of it is columnar numpy after one pass over the requests; pandas only builds the report frames.
 
 Latency percentiles are over completed requests (TPOT over those with two or more tokens).
@@ -16,7 +16,7 @@ its client got an error instead of tokens (vLLM answers such a request with HTTP
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -63,7 +63,7 @@ def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
     tpot_slo = np.full(len(tenants), np.nan)
     for name, sla in slas.items():
         m = tenants == name
-        ttft_slo[m], tpot_slo[m] = sla.ttft_for(cols["prompt_tokens"][m]), sla.tpot_s
+        ttft_slo[m], tpot_slo[m] = sla.ttft_for(cols["prompt_tokens"][m]), sla.tpot_for(cols["prompt_tokens"][m])
     has_sla = ~np.isnan(ttft_slo)
     decided, violated = judge_arrays(cols["arrival_s"], cols["first_token_s"], cols["finish_s"],
                                      cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s)
@@ -92,16 +92,22 @@ def request_frame(requests: Iterable[Request], slas: Mapping[str, SLA] | None = 
 class TenantSummary:
     """Metrics of one tenant (or of all, with ``tenant == ALL_TENANTS``) over one run.
 
-    Throughputs are tokens per second of makespan; latencies in seconds (NaN if no sample);
-    ``violation_rate = violations / judged`` (NaN with no SLA or nothing judged); ``rejected``
-    requests were refused at arrival and are among the violations (see the module docstring).
+    Throughputs are over the arrival window (DESIGN.md 5): ``token_throughput`` = prompt +
+    output tokens of the requests that arrived in the window / its length (the offered load,
+    served or not), ``token_goodput`` the same over the requests that met their SLO,
+    ``output_throughput`` the output tokens alone. Drain time is in no denominator. Latencies in
+    seconds (NaN if no sample); ``violation_rate = violations / judged`` (NaN with no SLA or
+    nothing judged); ``rejected`` requests were refused at arrival and are among the violations;
+    ``unfinished`` requests were still running when the run ended.
     """
 
     tenant: str
     requests: int
     completed: int
     rejected: int
+    unfinished: int
     token_throughput: float
+    token_goodput: float
     output_throughput: float
     ttft_p50: float
     ttft_p90: float
@@ -122,7 +128,8 @@ class TenantSummary:
 class ServingSummary:
     """The run's serving metrics: one ``TenantSummary`` per tenant plus the overall one."""
 
-    makespan_s: float
+    end_s: float  # when the run ended (drain included): unfinished requests are judged then
+    window_s: float  # the arrival window, the throughputs' denominator
     overall: TenantSummary
     per_tenant: tuple[TenantSummary, ...]
 
@@ -145,40 +152,42 @@ def _percentiles(x: np.ndarray) -> tuple[float, ...]:
     return tuple(float(v) for v in np.percentile(x, PERCENTILES))
 
 
-def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, has_sla: np.ndarray,
-                    decided: np.ndarray, violated: np.ndarray, makespan_s: float) -> TenantSummary:
+def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, decided: np.ndarray,
+                    violated: np.ndarray, window_s: float) -> TenantSummary:
+    arrived = mask & (cols["arrival_s"] < window_s)
     done = mask & cols["completed"]
-    out_tokens = float(cols["generated_tokens"][done].sum())
-    all_tokens = out_tokens + float(cols["prompt_tokens"][done].sum())
+    rejected = mask & (cols["state"] == str(RequestState.REJECTED))
+    offered = cols["prompt_tokens"] + cols["output_tokens"]
+    met = arrived & decided & ~violated
     judged = int((mask & decided).sum())
     violations = int((mask & violated).sum())
-    rate = violations / judged if judged else math.nan
-    rejected = int((mask & (cols["state"] == str(RequestState.REJECTED))).sum())
     return TenantSummary(
-        name, int(mask.sum()), int(done.sum()), rejected, all_tokens / makespan_s, out_tokens / makespan_s,
+        name, int(mask.sum()), int(done.sum()), int(rejected.sum()), int((mask & ~done & ~rejected).sum()),
+        float(offered[arrived].sum()) / window_s, float(offered[met].sum()) / window_s,
+        float(cols["output_tokens"][arrived].sum()) / window_s,
         *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
-        *_percentiles(cols["e2e_s"][done]), judged, violations, rate,
+        *_percentiles(cols["e2e_s"][done]), judged, violations, violations / judged if judged else math.nan,
         int(cols["preemptions"][mask].sum()))
 
 
-def summarize(requests: Iterable[Request], makespan_s: float,
-              slas: Mapping[str, SLA] | None = None) -> ServingSummary:
-    """Per-tenant and overall serving metrics of a run that ended at ``makespan_s``.
+def summarize(requests: Iterable[Request], end_s: float, slas: Mapping[str, SLA] | None = None,
+              window_s: float | None = None) -> ServingSummary:
+    """Per-tenant and overall serving metrics of a run that ended at ``end_s``.
 
-    ``makespan_s`` is both the throughput denominator and the time unfinished requests are
-    judged at. Tenants missing from ``slas`` get a NaN violation rate and are left out of the
-    overall one.
+    ``window_s`` (default ``end_s``) is the arrival window: throughputs are the tokens of the
+    requests arriving in it over its length. Unfinished requests are judged at ``end_s``.
+    Tenants missing from ``slas`` get a NaN violation rate and are left out of the overall one.
     """
-    if makespan_s <= 0:
-        raise ValueError(f"makespan_s must be positive, got {makespan_s}")
+    window_s = end_s if window_s is None else window_s
+    if end_s <= 0 or window_s <= 0:
+        raise ValueError(f"end_s and window_s must be positive, got {end_s}, {window_s}")
     cols = _columns(requests)
-    has_sla, decided, violated = _judge(cols, slas or {}, makespan_s)
+    _, decided, violated = _judge(cols, slas or {}, end_s)
     tenants = cols["tenant"]
-    per = tuple(_summarize_mask(str(t), cols, tenants == t, has_sla, decided, violated, makespan_s)
+    per = tuple(_summarize_mask(str(t), cols, tenants == t, decided, violated, window_s)
                 for t in sorted(set(tenants.tolist())))
-    overall = _summarize_mask(ALL_TENANTS, cols, np.ones(len(tenants), bool), has_sla, decided,
-                              violated, makespan_s)
-    return ServingSummary(makespan_s, overall, per)
+    overall = _summarize_mask(ALL_TENANTS, cols, np.ones(len(tenants), bool), decided, violated, window_s)
+    return ServingSummary(end_s, window_s, overall, per)
 
 
 # ---- device idleness ---------------------------------------------------------------------------
@@ -323,62 +332,3 @@ def harvest_share(busy_intervals_per_device: Mapping[int, np.ndarray | Sequence[
         out.append(DeviceHarvest(int(d), h, float(by.get(h, 0.0)) if h is not None else 0.0,
                                  float(sum(v for t, v in by.items() if t != h)), idle))
     return HarvestSummary(tuple(sorted(out, key=lambda x: x.device)))
-
-
-# ---- throughput at SLA -------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class SLAProbe:
-    """One replay at rate scale ``scale`` (trace time compressed by that factor)."""
-
-    scale: float
-    violation_rate: float
-    token_throughput: float
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputAtSLA:
-    """Largest probed scale meeting the violation bound, and every probe made on the way.
-
-    ``feasible`` is False when even ``lo`` violated the bound; ``scale`` etc. then describe ``lo``.
-    """
-
-    feasible: bool
-    scale: float
-    violation_rate: float
-    token_throughput: float
-    probes: tuple[SLAProbe, ...]
-
-
-def throughput_at_sla(run_at_scale: Callable[[float], tuple[float, float]], lo: float, hi: float,
-                      max_violation: float = 0.09, iters: int = 8) -> ThroughputAtSLA:
-    """Bisect on the rate scale k for the largest k with violation rate <= ``max_violation``.
-
-    ``run_at_scale(k)`` replays the trace at rate scale k and returns (violation_rate,
-    token_throughput); the violation rate is assumed non-decreasing in k (a NaN rate counts as
-    failing). Calls it ``iters + 2`` times at most; the answer is within ``(hi - lo) / 2**iters``.
-    """
-    if not 0 < lo < hi:
-        raise ValueError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
-    probes: list[SLAProbe] = []
-
-    def probe(k: float) -> SLAProbe:
-        vr, tput = run_at_scale(k)
-        probes.append(SLAProbe(k, float(vr), float(tput)))
-        return probes[-1]
-
-    good = probe(lo)
-    if not good.violation_rate <= max_violation:
-        return ThroughputAtSLA(False, lo, good.violation_rate, good.token_throughput, tuple(probes))
-    top = probe(hi)
-    if top.violation_rate <= max_violation:
-        good = top
-    else:
-        bad = hi
-        for _ in range(iters):
-            mid = probe(0.5 * (good.scale + bad))
-            if mid.violation_rate <= max_violation:
-                good = mid
-            else:
-                bad = mid.scale
-    return ThroughputAtSLA(True, good.scale, good.violation_rate, good.token_throughput, tuple(probes))

@@ -1,8 +1,9 @@
 """Per-tenant SLAs and the one rule that judges a request against them.
 
 Replay setup builds one ``SLA`` per tenant, either absolute or with ``SLA.scaled`` from the
-tenant's isolated single-request TTFT/TPOT on its own container (measured or predicted by the
-caller); ``serving.metrics.summarize`` applies ``judge`` to every request at the end of a run.
+tenant's isolated single-request TTFT/TPOT on its own container, computed for each request's
+own prompt (``IsolatedLatency``); ``serving.metrics.summarize`` judges every request at the end
+of a run. SLOs never depend on the trace, the window or the rate scale (DESIGN.md 5).
 
 Rule. A finished request violates when its TTFT exceeds the TTFT SLO or its TPOT (mean time per
 output token after the first; only defined with two or more tokens) exceeds the TPOT SLO.
@@ -24,56 +25,90 @@ visible to a scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from slicesched.serving.request import Request, RequestState
 
 DEFAULT_SLA_SCALE = 5.0
+REFERENCE_PROMPT = 1024
+"""Prompt length of the tenant-level `SLA.ttft_s` / `tpot_s` that schedulers read as one figure."""
+
+
+class IsolatedLatency(Protocol):
+    """A tenant's latency alone on its own container, exact for any prompt length.
+
+    Implemented by the replay layer (`replay.slo`) from the model, container and cost model;
+    nothing in it may depend on a trace, window or rate scale.
+    """
+
+    def ttft(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """Seconds from arrival to the first token of a request alone (its chunked prefill)."""
+        ...
+
+    def tpot(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """Seconds of one decode step of a request alone, its context being its prompt."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class SLA:
     """TTFT and TPOT service-level objectives of one tenant, in seconds.
 
-    With `ttft_curve` (prompt lengths, TTFT SLOs), a request's TTFT SLO follows its own prompt
-    length (interpolated): a scale of *its* isolated latency, so a long prompt is not judged by
-    the deadline of a median one. `ttft_s` is then the SLO of the tenant's median prompt.
+    Absolute SLOs are the same for every request. Scaled SLOs (`SLA.scaled`) are `scale` times
+    the request's *own* isolated latency (`isolated`, computed from its prompt alone), so a long
+    prompt is not judged by the deadline of a short one; `ttft_s` / `tpot_s` are then the SLOs of
+    a `REFERENCE_PROMPT`-token request, the one figure a scheduler may plan with.
+    `scale_ttft` / `scale_tpot` say which of the two objectives follow `isolated`.
     """
 
     ttft_s: float
     tpot_s: float
-    ttft_curve: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    isolated: IsolatedLatency | None = None
+    scale: float = DEFAULT_SLA_SCALE
+    scale_ttft: bool = False
+    scale_tpot: bool = False
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):
             raise ValueError(f"SLA objectives must be positive, got ttft={self.ttft_s}, tpot={self.tpot_s}")
-        if self.ttft_curve is not None:
-            xs, ys = self.ttft_curve
-            if len(xs) != len(ys) or not xs or any(b <= a for a, b in zip(xs, xs[1:])) or min(ys) <= 0:
-                raise ValueError("ttft_curve needs increasing prompt lengths and positive SLOs of equal count")
+        if (self.scale_ttft or self.scale_tpot) and self.isolated is None:
+            raise ValueError("a scaled SLO needs the tenant's isolated latency")
+        if not self.scale > 0:
+            raise ValueError(f"SLA scale must be positive, got {self.scale}")
 
     def ttft_for(self, prompt_tokens: np.ndarray) -> np.ndarray:
         """TTFT SLO of requests with these prompt lengths."""
-        if self.ttft_curve is None:
+        if not self.scale_ttft:
             return np.full(len(prompt_tokens), self.ttft_s)
-        xs, ys = self.ttft_curve
-        return np.interp(np.asarray(prompt_tokens, dtype=float), xs, ys)
+        return self.scale * self.isolated.ttft(np.asarray(prompt_tokens, dtype=np.int64))
+
+    def tpot_for(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """TPOT SLO of requests with these prompt lengths."""
+        if not self.scale_tpot:
+            return np.full(len(prompt_tokens), self.tpot_s)
+        return self.scale * self.isolated.tpot(np.asarray(prompt_tokens, dtype=np.int64))
 
     @classmethod
-    def scaled(cls, isolated_ttft_s: float, isolated_tpot_s: float,
-               scale: float = DEFAULT_SLA_SCALE) -> SLA:
-        """SLOs as ``scale`` times the isolated single-request latency on the tenant's container."""
-        return cls(isolated_ttft_s * scale, isolated_tpot_s * scale)
+    def scaled(cls, isolated: IsolatedLatency, scale: float = DEFAULT_SLA_SCALE, *,
+               ttft_s: float | None = None, tpot_s: float | None = None) -> SLA:
+        """SLOs as `scale` x the request's isolated latency; `ttft_s` / `tpot_s` given make that
+        objective absolute instead."""
+        ref = np.array([REFERENCE_PROMPT])
+        return cls(ttft_s if ttft_s else float(scale * isolated.ttft(ref)[0]),
+                   tpot_s if tpot_s else float(scale * isolated.tpot(ref)[0]),
+                   isolated, scale, scale_ttft=not ttft_s, scale_tpot=not tpot_s)
 
     def judge(self, req: Request, end_s: float) -> bool | None:
         """True = violation, False = met, None = undecided at ``end_s`` (see module docstring)."""
         if req.state is RequestState.REJECTED:
             return True
+        prompt = np.array([req.prompt_tokens])
         decided, violated = judge_arrays(
             np.array([req.arrival_s]), np.array([_nan(req.first_token_s)]),
             np.array([_nan(req.finish_s)]), np.array([req.tpot_s]),
-            np.array([req.output_tokens]), self.ttft_for(np.array([req.prompt_tokens])), self.tpot_s, end_s)
+            np.array([req.output_tokens]), self.ttft_for(prompt), self.tpot_for(prompt), end_s)
         return bool(violated[0]) if decided[0] else None
 
 

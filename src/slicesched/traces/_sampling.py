@@ -1,6 +1,12 @@
 """Random building blocks shared by the generators: renewal arrivals and token lengths.
 
 All randomness comes from a caller's ``numpy.random.Generator`` so a seed fixes a trace.
+
+Every sampler here is *prefix-consistent*: the requests drawn for a span ``[0, T)`` are exactly
+the first ones drawn for any longer span, with the same lengths. That is what makes rate scales
+nested (DESIGN.md 5): the workload at rate scale k1 < k2 is a prefix of the one at k2. So gaps
+are drawn in chunks of a fixed size (not one sized by the span), and prompt and output lengths
+come from their own child generators, never from the one that drew the arrivals.
 """
 
 from __future__ import annotations
@@ -35,9 +41,16 @@ def weibull_mean(shape: float, scale: float) -> float:
     return scale * math.exp(math.lgamma(1.0 + 1.0 / shape))
 
 
+GAP_CHUNK = 512
+"""Gaps drawn per call: fixed, so the draws (and arrivals) of a short span prefix a long one's."""
+
+
 def renewal_arrivals(rng: np.random.Generator, sample: GapSampler, mean_gap: float,
                      duration_s: float) -> np.ndarray:
     """Arrival times in ``[0, duration_s)`` of a *stationary* renewal process.
+
+    Prefix-consistent: for the same generator state, the arrivals for a shorter span are the
+    first arrivals for a longer one.
 
     Starting the process with an arrival at 0 would bias short windows (for bursty gaps
     the expected count is off by about (CV^2 - 1) / 2 per window). Instead the first arrival
@@ -46,12 +59,10 @@ def renewal_arrivals(rng: np.random.Generator, sample: GapSampler, mean_gap: flo
     """
     if duration_s <= 0 or not np.isfinite(mean_gap) or mean_gap <= 0:
         return np.empty(0)
-    expected = duration_s / mean_gap
-    batch = int(expected * 1.1 + 4.0 * math.sqrt(expected) + 16)
     first = _equilibrium_residual(rng, sample)
     chunks, t = [], first
     while t < duration_s:
-        gaps = sample(rng, batch)
+        gaps = sample(rng, GAP_CHUNK)
         times = t + np.concatenate(([0.0], np.cumsum(gaps[:-1])))
         chunks.append(times)
         t = times[-1] + gaps[-1]
@@ -94,9 +105,15 @@ class LognormalLengths:
             raise ValueError("token maxima must be >= 1")
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` (prompt, output) pairs as int64 arrays."""
-        return (_lognormal_ints(rng, self.prompt_mean, self.prompt_sigma, self.max_prompt, n),
-                _lognormal_ints(rng, self.output_mean, self.output_sigma, self.max_output, n))
+        """``n`` (prompt, output) pairs as int64 arrays.
+
+        Prompts and outputs come from two child generators of ``rng`` (``rng.spawn``), so the
+        first m of n pairs equal the m pairs drawn with the same ``rng`` state: lengths never
+        depend on how many requests a span holds.
+        """
+        prompt_rng, output_rng = rng.spawn(2)
+        return (_lognormal_ints(prompt_rng, self.prompt_mean, self.prompt_sigma, self.max_prompt, n),
+                _lognormal_ints(output_rng, self.output_mean, self.output_sigma, self.max_output, n))
 
 
 def _lognormal_ints(rng: np.random.Generator, mean: float, sigma: float, hi: int,

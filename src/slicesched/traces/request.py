@@ -193,14 +193,15 @@ class Trace:
                      _readonly(labels), self.prefix_hashes)
 
     def assign_tenants(self, names: Sequence[str], popularity: str | Sequence[float] = "powerlaw",
-                       alpha: float = 1.0, seed: int = 0) -> Trace:
+                       alpha: float = 1.0, seed: int | Sequence[int] = 0) -> Trace:
         """Label each request with a tenant drawn independently per request.
 
         Multi-model serving studies (AlpaServe and followers) split one production stream
         among models with power-law popularity: tenant ``i`` (0-based, in ``names`` order) gets
         weight ``1 / (i + 1) ** alpha``. ``"uniform"`` draws tenants with equal weight,
         ``"round_robin"`` cycles deterministically, and a sequence gives explicit weights.
-        Arrivals and token counts are unchanged.
+        Arrivals and token counts are unchanged. Labels are drawn in arrival order from one
+        generator, so the labels of a prefix of the trace are a prefix of the labels.
         """
         if not names:
             raise ValueError("assign_tenants needs at least one tenant name")

@@ -28,6 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -162,15 +163,20 @@ def _window_sampler(row: pd.Series, match_rate: bool) -> tuple[GapSampler, float
     return gamma_gaps(k, scale), gamma_mean(k, scale)
 
 
-def _client_arrivals(rng: np.random.Generator, df: pd.DataFrame, start_s: float, end_s: float,
+def _client_arrivals(seed: Sequence[int], df: pd.DataFrame, start_s: float, end_s: float,
                      match_rate: bool) -> np.ndarray:
-    """Absolute arrival times of one client in ``[start_s, end_s)``."""
+    """Absolute arrival times of one client in ``[start_s, end_s)``.
+
+    Each rate window draws from its own generator ``(*seed, 0, row)``, so a window's arrivals do
+    not depend on how much of the windows before it the span covers (prefix-consistent spans).
+    """
     active = df[(df["rate"] > 0) & (_overlap(df, start_s, end_s) > 0)]
     parts = []
-    for _, row in active.iterrows():
+    for row_no, row in active.iterrows():
         lo = max(row["window_start_s"], start_s)
         hi = min(row["window_start_s"] + WINDOW_S, end_s)
         sample, mean_gap = _window_sampler(row, match_rate)
+        rng = np.random.default_rng([*seed, 0, int(row_no)])
         parts.append(lo + renewal_arrivals(rng, sample, mean_gap, hi - lo))
     return np.concatenate(parts) if parts else np.empty(0)
 
@@ -202,13 +208,16 @@ def _load_pmfs(path: Path) -> dict[float, tuple[Pmf, Pmf]]:
                          file=str(path)) from None
 
 
-def _sample_lengths(rng: np.random.Generator, times: np.ndarray,
+def _sample_lengths(seed: Sequence[int], times: np.ndarray,
                     pmfs: dict[float, tuple[Pmf, Pmf]], fallback: LognormalLengths
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Token lengths from the PMF of the window each arrival falls in (the nearest window
-    with data if its own has none), or from ``fallback`` when the client has no PMFs."""
+    with data if its own has none), or from ``fallback`` when the client has no PMFs.
+
+    Prompt and output lengths of each PMF window come from their own generators, separate
+    from the arrivals', so the i-th request of a window keeps its lengths whatever the span."""
     if not pmfs:
-        return fallback.sample(rng, times.size)
+        return fallback.sample(np.random.default_rng([*seed, 1]), times.size)
     keys = np.array(sorted(pmfs))
     idx = np.clip(np.searchsorted(keys, times, side="right") - 1, 0, keys.size - 1)
     prompt = np.empty(times.size, np.int64)
@@ -216,8 +225,9 @@ def _sample_lengths(rng: np.random.Generator, times: np.ndarray,
     for i in np.unique(idx):
         sel = idx == i
         (vin, pin), (vout, pout) = pmfs[float(keys[i])]
-        prompt[sel] = np.maximum(rng.choice(vin, size=int(sel.sum()), p=pin), 1)
-        output[sel] = np.maximum(rng.choice(vout, size=int(sel.sum()), p=pout), 1)
+        n = int(sel.sum())
+        prompt[sel] = np.maximum(np.random.default_rng([*seed, 1, int(i)]).choice(vin, size=n, p=pin), 1)
+        output[sel] = np.maximum(np.random.default_rng([*seed, 2, int(i)]).choice(vout, size=n, p=pout), 1)
     return prompt, output
 
 
@@ -235,7 +245,8 @@ def servegen_trace(root: str | Path, category: str, model: str, *,
     them (no file, or a multimodal file with per-modality inputs), from ``lengths`` (default
     :data:`SERVEGEN_LANGUAGE_LENGTHS`). Each client draws from its own
     generator seeded by ``(seed, client)``, so a tenant's stream does not change when others
-    are added or removed.
+    are added or removed, and the trace of a shorter span is a prefix of a longer one's
+    (same arrivals, same lengths).
     """
     if clients is not None and top_n is not None:
         raise ValueError("pass clients or top_n, not both")
@@ -243,10 +254,10 @@ def servegen_trace(root: str | Path, category: str, model: str, *,
     chosen = _choose_clients(root, category, model, clients, top_n, start_s, duration_s)
     cols: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for c in chosen:
-        rng = np.random.default_rng([seed, c.client])
-        times = _client_arrivals(rng, _read_windows(c.trace_path), start_s, end_s, match_rate)
+        client_seed = (seed, c.client)
+        times = _client_arrivals(client_seed, _read_windows(c.trace_path), start_s, end_s, match_rate)
         pmfs = _load_pmfs(c.dataset_path) if c.dataset_path is not None else {}
-        prompt, output = _sample_lengths(rng, times, pmfs, lengths or SERVEGEN_LANGUAGE_LENGTHS)
+        prompt, output = _sample_lengths(client_seed, times, pmfs, lengths or SERVEGEN_LANGUAGE_LENGTHS)
         cols.append((times - start_s, prompt, output,
                      np.full(times.size, f"{model}/{c.client}", dtype=object)))
     arrival, prompt, output, tenant = (np.concatenate([c[i] for c in cols]) if cols
