@@ -67,3 +67,26 @@ def test_validate_ok():
 
     r = runner.invoke(app, ["validate", str(builtin_scenario_path())])
     assert r.exit_code == 0 and "ok" in r.output
+
+
+def test_replay_capacity_writes_csv_plot_and_prints_the_table(tmp_path, tiny_scenario_toml):
+    sc = tmp_path / "tiny.toml"
+    sc.write_text(tiny_scenario_toml)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["replay", str(sc), "--out", str(out), "--jobs", "1", "--capacity", "--seeds", "2",
+                            "--sla-range", "0.5", "32", "-s", "dedicated"])
+    assert r.exit_code == 0, r.output
+    assert "capacity at SLA" in r.output and "roofline-bound" in r.output
+    df = pd.read_csv(out / "capacity.csv")
+    assert {"violation_seed0", "violation_seed1", "violation_mean", "token_goodput"} <= set(df.columns)
+    assert df.rate_scale.min() == 0.5 and df.at_capacity.sum() == 1
+    assert (out / "capacity.png").stat().st_size > 0
+    summary = pd.read_csv(out / "capacity_summary.csv")
+    assert list(summary.scheduler) == ["dedicated", "roofline-bound"]
+
+
+def test_capacity_range_is_checked_before_any_replay(tmp_path, tiny_scenario_toml):
+    sc = tmp_path / "tiny.toml"
+    sc.write_text(tiny_scenario_toml)
+    r = runner.invoke(app, ["replay", str(sc), "--capacity", "--sla-range", "2", "0.05", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--sla-range" in r.output and not (tmp_path / "o").exists()

@@ -36,22 +36,37 @@ def replay(
     out: Optional[Path] = typer.Option(None, help="output folder; default runs/<scenario name>"),
     jobs: int = typer.Option(2, help="parallel worker processes"),
     ray_address: Optional[str] = typer.Option(None, help="run on a Ray cluster ('local' starts one)"),
-    sla_search: bool = typer.Option(False, "--throughput-at-sla", help="also bisect the rate scale at <=9% violations"),
-    sla_range: tuple[float, float] = typer.Option((0.25, 8.0), help="rate scales the bisection searches between"),
+    capacity: bool = typer.Option(False, "--capacity", "--throughput-at-sla",
+                                  help="also search each scheduler's capacity at SLA (<= 9% violations, mean over seeds)"),
+    seeds: int = typer.Option(3, help="capacity search: samples of the scenario (seeds seed, seed+1, ...)"),
+    sla_range: Optional[tuple[float, float]] = typer.Option(
+        None, help="capacity search: rate scales it searches between; default: 1/32 of the roofline bound to it"),
     plots: bool = typer.Option(True, help="write PNG plots"),
 ) -> None:
     """Replay a scenario under each scheduler, print the comparison and write metrics, plots, traces."""
     try:
-        _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, sla_search and sla_range, plots)
+        _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address,
+                _capacity_settings(seeds, sla_range) if capacity else None, plots)
     except InputError as e:
         _fail(e)
 
 
-def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, sla_search, plots) -> None:
+def _capacity_settings(seeds: int, sla_range: tuple[float, float]):
+    from slicesched.replay.capacity import CapacitySettings
+
+    lo, hi = sla_range if sla_range else (None, None)
+    if sla_range and not 0 < lo < hi:
+        raise InputError(f"needs 0 < LO < HI, got {lo:g} {hi:g}", field="--sla-range")
+    if seeds < 1:
+        raise InputError(f"needs at least 1 seed, got {seeds}", field="--seeds")
+    return lambda sc: CapacitySettings(seeds=tuple(range(sc.seed, sc.seed + seeds)), lo=lo, hi=hi)
+
+
+def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, capacity, plots) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slicesched.config import load_scenario
-    from slicesched.replay.experiment import RunSpec, find_throughput_at_sla, run_many
+    from slicesched.replay.experiment import RunSpec, run_many
     from slicesched.replay.report import comparison_table, print_table, write_outputs
     from slicesched.sched import SCHEDULERS
 
@@ -81,24 +96,34 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, s
         runs = run_many(sc, specs, jobs=jobs, ray_address=ray_address, duration_s=duration,
                         on_done=on_done, on_progress=on_progress)
     df = comparison_table(runs)
-    print_table(df, f"{sc.name}: {len(sc.tenants)} tenants on {sc.cluster.nodes * sc.cluster.devices_per_node} "
-                    f"x {sc.cluster.device}")
-    if sla_search:
-        _print_sla_search(sc, names, duration, *sla_search)
+    title = (f"{sc.name}: {len(sc.tenants)} tenants on {sc.cluster.nodes * sc.cluster.devices_per_node} "
+             f"x {sc.cluster.device}")
+    print_table(df, title)
+    extra = None
+    if capacity is not None:
+        extra = _capacity_search(sc, names, duration, capacity(sc), jobs, ray_address, plots, title)
     folder = write_outputs(out or Path("runs") / sc.name, runs, df,
-                           {"scenario": sc.source_path, "schedulers": names, "rate_scales": scales}, plots)
-    typer.echo(f"wrote {folder}/ (summary.csv, per_tenant.csv, devices.csv, requests.parquet, plots, trace.perfetto.json)")
+                           {"scenario": sc.source_path, "schedulers": names, "rate_scales": scales}, plots, extra)
+    typer.echo(f"wrote {folder}/ (summary.csv, per_tenant.csv, devices.csv, requests.parquet, plots, trace.perfetto.json"
+               + (", capacity.csv, capacity_summary.csv, capacity.png)" if capacity is not None else ")"))
 
 
-def _print_sla_search(sc, names: list[str], duration, lo: float, hi: float) -> None:
-    from slicesched.replay.experiment import find_throughput_at_sla
+def _capacity_search(sc, names: list[str], duration, settings, jobs: int, ray_address, plots: bool, title: str):
+    """Run the capacity searches with a progress bar, print the table; returns the writer of its files."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    for n in names:
-        if not 0 < lo < hi:
-            raise InputError(f"needs 0 < LO < HI, got {lo} {hi}", field="--sla-range")
-        r = find_throughput_at_sla(sc, n, lo=lo, hi=hi, duration_s=duration)
-        typer.echo(f"throughput at SLA  {n:>14}: rate x{r.scale:.2f}  {r.token_throughput:,.0f} tok/s  "
-                   f"violations {r.violation_rate:.1%}" if r.feasible else f"throughput at SLA  {n:>14}: infeasible")
+    from slicesched.replay.capacity import roofline_bound, run_capacity
+    from slicesched.replay.capacity_report import capacity_table, print_capacity, write_capacity
+
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, transient=True) as bar:
+        task = bar.add_task(f"capacity at SLA, {len(settings.seeds)} seeds", total=0)
+        results = run_capacity(sc, names, settings, duration_s=duration, jobs=jobs, ray_address=ray_address,
+                               on_done=lambda r: bar.advance(task),
+                               on_round=lambda n: bar.update(task, total=(bar.tasks[0].total or 0) + n))
+    bound = roofline_bound(sc, duration)
+    print_capacity(capacity_table(results, bound), f"{title}: capacity at SLA")
+    return lambda folder: write_capacity(folder, results, bound, plots)
 
 
 @app.command()

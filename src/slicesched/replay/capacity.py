@@ -9,14 +9,18 @@ it reports every probe, the per-seed capacities, and where the averaged curve fa
 rising (`CapacityResult.non_monotone`), instead of hiding it.
 
 `run_capacity` runs all chosen schedulers' searches side by side, every (scheduler, scale, seed)
-replay of one round in parallel (processes, or Ray), so a round costs one wave of replays.
+replay of one round in parallel (processes, or Ray), so a round costs one wave of replays. A
+replay stops as soon as its own certain violations exceed S x the bound (S seeds): the mean is
+then above the bound whatever the other seeds do, and the point is decided without simulating
+the hopeless overload to its end. Such points carry lower-bound violation rates
+(`CapacityPoint.stopped_early`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,24 +36,38 @@ DIP_TOLERANCE = 0.02
 """A probe whose mean violation is this far below that of a smaller scale marks a non-monotone curve."""
 
 
+AUTO_RANGE = 32.0
+"""Without an explicit range the search covers [bound / AUTO_RANGE, bound], bound being the
+workload's roofline bound: no scheduler can sustain more, and 32x below it is light load."""
+
+
 @dataclass(frozen=True, slots=True)
 class CapacitySettings:
-    """How the search spends its replays. One default for every scenario."""
+    """How the search spends its replays. One default for every scenario: `lo`/`hi` None take
+    the range from the scenario's roofline bound (`AUTO_RANGE`)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    lo: float = 0.25
-    hi: float = 16.0
+    lo: float | None = None
+    hi: float | None = None
     grid: int = 5  # geometric probes from lo to hi
     refine: int = 3  # bisection steps after the grid
     max_violation: float = MAX_VIOLATION
 
     def __post_init__(self) -> None:
-        if not 0 < self.lo < self.hi:
-            raise ValueError(f"need 0 < lo < hi, got {self.lo} {self.hi}")
+        if (self.lo is None) != (self.hi is None) or (self.lo is not None and not 0 < self.lo < self.hi):
+            raise ValueError(f"need 0 < lo < hi (or neither), got {self.lo} {self.hi}")
         if not self.seeds or self.grid < 2 or self.refine < 0 or not 0 <= self.max_violation < 1:
             raise ValueError("need >= 1 seed, grid >= 2, refine >= 0 and 0 <= max_violation < 1")
 
+    def with_range_from(self, bound: RooflineBound) -> CapacitySettings:
+        """These settings, with the automatic range when none was given."""
+        if self.lo is not None or not (bound.feasible and math.isfinite(bound.scale)):
+            return self if self.lo is not None else replace(self, lo=0.25, hi=16.0)
+        return replace(self, lo=bound.scale / AUTO_RANGE, hi=bound.scale)
+
     def grid_scales(self) -> list[float]:
+        if self.lo is None:
+            raise ValueError("resolve the range first (with_range_from)")
         return [float(k) for k in np.geomspace(self.lo, self.hi, self.grid)]
 
 
@@ -67,6 +85,7 @@ class CapacityPoint:
     tpot_p50: float
     tpot_p99: float
     ooms: int
+    stopped_early: int = 0  # seeds whose replay ended once it certainly broke the bound (rate: a lower bound)
 
     @property
     def mean_violation(self) -> float:
@@ -82,7 +101,8 @@ class CapacityPoint:
             return float(np.mean(vals)) if vals else math.nan
 
         return cls(scale, tuple(r.seed for r in runs), viol, mean("token_throughput"), mean("token_goodput"),
-                   mean("ttft_p50"), mean("ttft_p99"), mean("tpot_p50"), mean("tpot_p99"), sum(r.ooms for r in runs))
+                   mean("ttft_p50"), mean("ttft_p99"), mean("tpot_p50"), mean("tpot_p99"), sum(r.ooms for r in runs),
+                   sum(r.stopped_early for r in runs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,12 +214,18 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
                  on_round: Callable[[int], None] | None = None) -> dict[str, CapacityResult]:
     """Capacity at SLA of each scheduler; each round's replays (all schedulers, scales, seeds) run
     in parallel. `on_round(n)` is told how many replays the next round holds."""
+    if settings.lo is None:
+        settings = settings.with_range_from(roofline_bound(sc, duration_s))
     searches = {n: CapacitySearch(n, settings) for n in schedulers}
+    # One seed alone above S x the bound puts the mean above it whatever the others do, so such
+    # a replay may stop there: the point is decided, and overloaded replays are the slow ones.
+    stop = len(settings.seeds) * settings.max_violation
+    stop = stop if stop < 1 else None
     while True:
         wanted = [(n, k) for n, s in searches.items() for k in s.pending()]
         if not wanted:
             break
-        specs = [RunSpec(n, k, seed=seed, detail=False) for n, k in wanted for seed in settings.seeds]
+        specs = [RunSpec(n, k, seed=seed, detail=False, stop_above=stop) for n, k in wanted for seed in settings.seeds]
         if on_round:
             on_round(len(specs))
         runs = run_many(sc, specs, jobs=jobs, ray_address=ray_address, duration_s=duration_s, on_done=on_done)

@@ -28,11 +28,13 @@ from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, WeightCopy, WeightEviction)
-from slicesched.serving import SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for
+from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
+                                count_violations)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
 BLOCK_TOKENS = 16
+VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
 _GRAINS = {"op": Grain.OP, "block": Grain.BLOCK, "layer": Grain.LAYER}
 
 
@@ -70,6 +72,7 @@ class RunStats:
     rejected: int
     guests: int
     over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
+    stopped_early: bool = False  # ended at `stop_after_violations`, not when every request had finished
 
 
 @dataclass(slots=True)
@@ -96,8 +99,12 @@ class ReplayDriver:
 
     def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
                  cost: CostModel | None = None, slas: dict[str, SLA] | None = None,
-                 record_timeline: bool = False, window_s: float | None = None) -> None:
+                 record_timeline: bool = False, window_s: float | None = None,
+                 stop_after_violations: int | None = None) -> None:
+        """`stop_after_violations`: end the replay once more requests than this have certainly
+        violated their SLA (a capacity search needs no more of a run it already knows fails)."""
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
+        self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
         self.slas = slas or {}
         self.cost = cost or make_cost_model("roofline")
@@ -171,7 +178,7 @@ class ReplayDriver:
         reqs = self.requests
         n, i = len(reqs), 0
         horizon = (reqs[-1].arrival_s if reqs else 0.0) + self.sc.replay.drain_s
-        stalls = 0
+        stalls, next_check = 0, VIOLATION_CHECK_S
         # Replicas that may be able to form a batch (ordered dict: deterministic launch order).
         dirty: dict[ReplicaState, None] = dict.fromkeys(self.replicas)
         while True:
@@ -210,6 +217,11 @@ class ReplayDriver:
                                    f"leaves {len(self.gmg.unmapped_ready())} ready slices unplaced")
             if progress is not None:
                 progress(self.sim.now)
+            if self.stop_after_violations is not None and self.sim.now >= next_check:
+                next_check = self.sim.now + VIOLATION_CHECK_S
+                if count_violations(reqs[:i], self.slas, self.sim.now) > self.stop_after_violations:
+                    self.stopped_early = True
+                    break
         return self._result(time.perf_counter() - t_wall)
 
     def _route(self, req: Request) -> ReplicaState | None:
@@ -465,7 +477,7 @@ class ReplayDriver:
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
-                         self.rejected, self.guests_started, self.over_context)
+                         self.rejected, self.guests_started, self.over_context, self.stopped_early)
         timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,

@@ -27,13 +27,16 @@ from slicesched.serving import HarvestSummary, ServingSummary, harvest_share, re
 class RunSpec:
     """One replay: a scheduler at a rate scale, on the scenario's sample `seed` (None: its own).
     Without `detail` the summary keeps only the metrics (no per-request frame, no busy
-    intervals), which is all a capacity search needs and much less to ship between processes."""
+    intervals), which is all a capacity search needs and much less to ship between processes.
+    With `stop_above`, the replay ends once more than that share of its requests certainly
+    violated their SLA (its violation rate is then a lower bound above `stop_above`)."""
 
     scheduler: str
     rate_scale: float
     record_timeline: bool = False
     seed: int | None = None
     detail: bool = True
+    stop_above: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class RunSummary:
     timeline: dict | None
     over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
     harvest: HarvestSummary | None = None  # per device: share of idle slices running other tenants' work
+    stopped_early: bool = False  # ended at RunSpec.stop_above: the violation rate is a lower bound
 
     @property
     def violation_rate(self) -> float:
@@ -84,8 +88,10 @@ def run_one(sc: Scenario, spec: RunSpec, duration_s: float | None = None,
     cost = make_cost_model("roofline")
     window = sc.replay.duration_s if duration_s is None else duration_s
     trace = scenario_trace(sc, spec.rate_scale, window)
+    stop = None if spec.stop_above is None else int(spec.stop_above * len(trace))
     driver = ReplayDriver(sc, make_scheduler(spec.scheduler, sc), trace, rate_scale=spec.rate_scale, cost=cost,
-                          slas=isolated_slas(sc, cost), record_timeline=spec.record_timeline, window_s=window)
+                          slas=isolated_slas(sc, cost), record_timeline=spec.record_timeline, window_s=window,
+                          stop_after_violations=stop)
     return _summarize(driver.run(progress), sc.seed, spec.detail)
 
 
@@ -99,7 +105,7 @@ def _summarize(res: RunResult, seed: int = 0, detail: bool = True) -> RunSummary
     return RunSummary(res.scheduler, res.rate_scale, seed, summary, frame, busy, res.num_devices,
                       res.makespan_s, s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests,
                       s.rejected, res.timeline, s.over_context,
-                      harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s))
+                      harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s), s.stopped_early)
 
 
 def _run_task(args: tuple[Scenario, RunSpec, float | None]) -> RunSummary:

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +81,10 @@ def _fmt(v, f: str) -> str:
     return f.format(v)
 
 
-def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dict, plots: bool = True) -> Path:
-    """Write everything into `out` atomically (temporary folder, then rename)."""
+def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dict, plots: bool = True,
+                  extra: Callable[[Path], None] | None = None) -> Path:
+    """Write everything into `out` atomically (temporary folder, then rename); `extra(folder)`
+    writes further files (a capacity search's) into the folder before it is renamed."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -96,6 +99,8 @@ def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dic
             (tmp / "trace.perfetto.json").write_text(json.dumps(timeline))
         if plots:
             write_plots(tmp, runs, df)
+        if extra is not None:
+            extra(tmp)
         (tmp / "run.json").write_text(json.dumps({**meta, "complete": True}, indent=1, default=str))
         if out.exists():
             old = out.with_name(f".{out.name}.old")

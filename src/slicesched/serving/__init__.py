@@ -13,6 +13,7 @@ from slicesched.serving.metrics import (
     ServingSummary,
     TenantSummary,
     busy_fraction,
+    count_violations,
     harvest_share,
     idle_interval_histogram,
     idle_intervals,
@@ -25,7 +26,7 @@ from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA, IsolatedLatency
 __all__ = [
     "Batch", "TenantEngine", "KVBlockManager", "blocks_for", "DeviceHarvest", "HarvestSummary",
     "harvest_share", "IdleHistogram", "ServingSummary",
-    "TenantSummary", "busy_fraction", "idle_interval_histogram",
+    "TenantSummary", "busy_fraction", "count_violations", "idle_interval_histogram",
     "idle_intervals", "request_frame", "summarize", "Request",
     "RequestState", "DEFAULT_SLA_SCALE", "SLA", "IsolatedLatency",
 ]

@@ -71,6 +71,13 @@ def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
     return has_sla, (decided | rejected) & has_sla, (violated | rejected) & has_sla
 
 
+def count_violations(requests: Sequence[Request], slas: Mapping[str, SLA], now: float) -> int:
+    """Requests already certain to violate their SLA at time `now` (the `serving.sla` rule)."""
+    if not requests:
+        return 0
+    return int(_judge(_columns(requests), slas, now)[2].sum())
+
+
 def request_frame(requests: Iterable[Request], slas: Mapping[str, SLA] | None = None,
                   end_s: float | None = None) -> pd.DataFrame:
     """Per-request metrics table for CSV/Parquet; with ``slas`` and ``end_s`` adds ``violated``

@@ -1,0 +1,70 @@
+"""Capacity at SLA of every scheduler on every shipped scenario, under a fixed budget.
+
+Prints, per scenario, each scheduler's capacity (rate scale at <= 9% violations, mean over 3
+seeds) with its per-seed spread, the roofline bound, and
+`capacity_ratio_<scenario>: <slicesched capacity / best baseline capacity> x`, so progress can
+be followed from one change to the next. Real-trace scenarios need ../shared (skipped if absent).
+
+    python benchmarks/capacity.py                  # every scenario, 20 s windows
+    python benchmarks/capacity.py hot_cold default # chosen ones
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from slicesched.config import load_scenario
+from slicesched.errors import InputError
+from slicesched.replay.capacity import CapacitySettings, best_baseline, roofline_bound, run_capacity
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = {
+    "default": ROOT / "src/slicesched/scenarios/default.toml",
+    "hot_cold": ROOT / "scenarios/hot_cold.toml",
+    "azure_code_conv": ROOT / "scenarios/azure_code_conv.toml",
+    "mooncake_conversation": ROOT / "scenarios/mooncake_conversation.toml",
+    "servegen_m_large": ROOT / "scenarios/servegen_m_large.toml",
+}
+SCHEDULERS = ("dedicated", "temporal-mux", "realloc", "slicesched")
+WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, 5 grid probes + 3 bisections
+JOBS = int(os.environ.get("BENCH_JOBS", "2"))
+
+
+def measure(name: str, path: Path) -> None:
+    try:
+        sc = load_scenario(path)
+        bound = roofline_bound(sc, WINDOW_S)
+    except InputError as e:  # a real-trace scenario without ../shared
+        print(f"# {name}: skipped ({e.one_line()})")
+        return
+    settings = CapacitySettings(seeds=(sc.seed, sc.seed + 1, sc.seed + 2)).with_range_from(bound)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = run_capacity(sc, SCHEDULERS, settings, duration_s=WINDOW_S, jobs=JOBS)
+    print(f"roofline_bound_{name}: {bound.scale:.3f} x")
+    for s, r in res.items():
+        lo, hi = r.spread
+        flag = " (top of range)" if r.censored else ""
+        print(f"capacity_{name}_{s}: {r.scale:.3f} x{flag}")
+        print(f"capacity_spread_{name}_{s}: {lo:.3f}-{hi:.3f} x")
+        print(f"tok_per_s_at_capacity_{name}_{s}: {r.throughput:.0f} tok/s")
+        if r.non_monotone:
+            print(f"# {name} {s}: mean violation curve not monotone at {', '.join(f'{k:.3g}' for k in r.non_monotone)}")
+    best = best_baseline(res, "slicesched")
+    ratio = res["slicesched"].scale / best.scale if best is not None and best.scale > 0 else float("nan")
+    print(f"best_baseline_{name}: {best.scheduler if best else 'none'}")
+    print(f"capacity_ratio_{name}: {ratio:.3f} x")
+    print(f"capacity_search_wall_{name}: {time.perf_counter() - t0:.1f} s")
+    print(f"capacity_search_cpu_parent_{name}: {time.process_time() - c0:.1f} s", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    chosen = argv or list(SCENARIOS)
+    for name in chosen:
+        measure(name, SCENARIOS[name])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
