@@ -65,7 +65,7 @@ def test_azure_bad_token_field_reports_line_and_field(azure_dir: Path, tmp_path:
     with pytest.raises(InputError) as e:
         load_trace(f)
     assert (e.value.line, e.value.field) == (line, "GeneratedTokens")
-    assert "expected a non-negative integer, got 'abc'" in str(e.value)
+    assert "expected a positive integer (a request needs at least one token), got 'abc'" in str(e.value)
 
 
 def test_azure_bad_timestamp_reports_line_and_field(tmp_path: Path) -> None:

@@ -85,11 +85,13 @@ def _is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
 
-def int_column(df: pd.DataFrame, col: str, *, path: Path, first_line: Lines) -> np.ndarray:
-    """Column ``col`` as int64, each value a non-negative integer (``12.0`` and ``1e3`` pass)."""
+def int_column(df: pd.DataFrame, col: str, *, path: Path, first_line: Lines, minimum: int = 0) -> np.ndarray:
+    """Column ``col`` as int64, each value an integer >= ``minimum`` (``12.0`` and ``1e3`` pass);
+    token counts take ``minimum=1``: a request with no prompt or no output cannot be served."""
     v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(v) | (v < 0) | (v != np.floor(v))
-    fail_at(df, col, bad, "a non-negative integer", path=path, first_line=first_line)
+    bad = ~np.isfinite(v) | (v < minimum) | (v != np.floor(v))
+    what = {0: "a non-negative integer", 1: "a positive integer (a request needs at least one token)"}
+    fail_at(df, col, bad, what.get(minimum, f"an integer >= {minimum}"), path=path, first_line=first_line)
     return v.astype(np.int64)
 
 
