@@ -2,7 +2,9 @@
 plots and the Perfetto trace.
 
 Outputs go to a temporary sibling folder that is renamed into place only when complete, so an
-interrupted run never leaves a folder that looks finished.
+interrupted run never leaves a folder that looks finished. The folder holds a manifest
+(`MANIFEST`) listing what this tool wrote; only such a folder, holding nothing else, is ever
+replaced (and only with `force`), so a user's own folder or file is never lost.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from slicesched.serving import idle_intervals
 from slicesched.serving.metrics import DEFAULT_IDLE_EDGES
 
 BASELINE = "dedicated"
+MANIFEST = "slicesched-manifest.json"
 
 
 def comparison_table(runs: list[RunSummary]) -> pd.DataFrame:
@@ -80,11 +83,43 @@ def _fmt(v, f: str) -> str:
     return f.format(v)
 
 
-def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dict, plots: bool = True) -> Path:
-    """Write everything into `out` atomically (temporary folder, then rename)."""
+def replaceable(out: Path, force: bool = False) -> str | None:
+    """Why writing to `out` would destroy something this tool did not make (None if it would
+    not): a file, a folder with contents unless `force`, and even with `force` a folder
+    without this tool's manifest or holding anything the manifest does not list."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    if out.is_symlink() or not out.is_dir():
+        return "exists and is not a folder; choose another --out"
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return None
+    if not force:
+        return "folder exists and is not empty; pass --force to replace an earlier replay's output"
+    try:
+        listed = set(json.loads((out / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"folder was not written by slicesched (no valid {MANIFEST}); not replacing it even with --force"
+    foreign = [e for e in entries if e not in listed and e != MANIFEST]
+    if foreign:
+        return (f"folder holds files slicesched did not write ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); not replacing it even with --force")
+    return None
+
+
+def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dict, plots: bool = True,
+                  force: bool = False) -> Path:
+    """Write everything into `out` atomically (temporary folder, then rename); `out` must be
+    absent, empty, or (with `force`) an earlier output of this tool (see `replaceable`)."""
+    from slicesched.errors import InputError
+
     out = Path(out)
+    problem = replaceable(out, force)
+    if problem:
+        raise InputError(problem, file=str(out), field="--out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()  # mode 0777 less the umask, as any folder a user makes (mkdtemp's is 0700)
     try:
         df.to_csv(tmp / "summary.csv", index=False)
         pd.concat([r.summary.to_frame().assign(scheduler=r.scheduler, rate_scale=r.rate_scale) for r in runs]
@@ -97,11 +132,16 @@ def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dic
         if plots:
             write_plots(tmp, runs, df)
         (tmp / "run.json").write_text(json.dumps({**meta, "complete": True}, indent=1, default=str))
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / MANIFEST).write_text(json.dumps({"written_by": "slicesched", "files": files}, indent=1))
         if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")  # never a name someone else uses
             os.replace(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
