@@ -147,7 +147,8 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, s
                     f"x {sc.cluster.device}")
     if sla_search:
         _print_sla_search(sc, names, duration, *sla_search)
-    folder = write_outputs(out, runs, df, {"scenario": sc.source_path, "schedulers": names, "rate_scales": scales},
+    folder = write_outputs(out, runs, df, {"name": sc.name, "scenario": sc.source_path, "schedulers": names,
+                                          "rate_scales": scales},
                            plots, force=force)
     written = sorted(p.name for p in folder.iterdir())
     typer.echo(f"wrote {folder}/ ({', '.join(written)})")
