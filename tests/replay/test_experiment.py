@@ -45,3 +45,18 @@ def test_throughput_at_sla_bisects_rate_scale(tiny):
     assert r.violation_rate <= 0.09
     above = [p for p in r.probes if p.scale > r.scale]
     assert above and all(p.violation_rate > 0.09 for p in above)
+
+
+def test_an_interrupted_sweep_stops_its_workers_at_once(tiny):
+    import time
+
+    stopped = {}
+
+    def interrupt(r):
+        stopped["t"] = time.monotonic()
+        raise KeyboardInterrupt
+
+    specs = [RunSpec("dedicated", 0.05), RunSpec("temporal-mux", 1.0), RunSpec("dedicated", 1.0)]
+    with pytest.raises(KeyboardInterrupt):
+        run_many(tiny, specs, jobs=2, duration_s=40.0, on_done=interrupt)  # the first run is short, the rest long
+    assert time.monotonic() - stopped["t"] < 3

@@ -65,7 +65,7 @@ def test_azure_bad_token_field_reports_line_and_field(azure_dir: Path, tmp_path:
     with pytest.raises(InputError) as e:
         load_trace(f)
     assert (e.value.line, e.value.field) == (line, "GeneratedTokens")
-    assert "expected a positive integer (a request needs at least one token), got 'abc'" in str(e.value)
+    assert "expected a token count from 1 to 1,048,576, got 'abc'" in str(e.value)
 
 
 def test_azure_bad_timestamp_reports_line_and_field(tmp_path: Path) -> None:
@@ -183,3 +183,21 @@ def test_missing_header_column_reports_field(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         load_trace(f)
     assert (e.value.line, e.value.field) == (1, "output_tokens")
+
+
+@pytest.mark.parametrize("value", ["0", "2000000"])
+def test_plain_csv_token_count_out_of_range_reports_line(tmp_path: Path, value: str) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text(f"arrival_s,prompt_tokens,output_tokens\n0.1,100,10\n0.2,100,{value}\n")
+    with pytest.raises(InputError) as e:
+        load_trace(f)
+    assert (e.value.line, e.value.field) == (3, "output_tokens") and "from 1 to 1,048,576" in e.value.message
+
+
+def test_mooncake_zero_input_length_reports_line(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n\n'
+                 '{"timestamp": 5, "input_length": 0, "output_length": 5}\n')
+    with pytest.raises(InputError) as e:
+        load_trace(f)
+    assert (e.value.line, e.value.field) == (3, "input_length")
