@@ -324,3 +324,10 @@ def test_ctrl_c_with_workers_stops_at_once_and_leaves_nothing(tmp_path, tiny_sce
     assert time.monotonic() - t < 3
     assert p.returncode == 130 and err.strip().splitlines() == ["interrupted: stopped the run; no output was written"]
     assert sorted(x.name for x in tmp_path.iterdir()) == ["s.toml"]
+
+
+def test_a_library_message_with_newlines_is_still_one_line(tiny, tiny_scenario_toml, tmp_path):
+    t = tmp_path / "t.csv"  # pandas' parser error for this row ends in a newline
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n0.1,5,5\n0,0,0,0\n")
+    one_line_error(runner.invoke(app, ["validate", str(trace_scenario(tiny, tiny_scenario_toml, t, fmt="csv"))]),
+                   f"{t}:3:", "wrong number of fields")
