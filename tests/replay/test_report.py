@@ -3,6 +3,7 @@ replace what this tool did not write, and a Perfetto file that says what it hold
 
 import json
 import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -110,3 +111,51 @@ def test_failed_write_leaves_neither_output_nor_temporary_folder(runs, tmp_path,
     with pytest.raises(ZeroDivisionError):
         write_outputs(tmp_path / "o", runs, comparison_table(runs), {}, plots=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def _figures_saved(monkeypatch):
+    """Figures by file name, as each plot function saves them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = {}
+    real = plt.Figure.savefig
+
+    def keep(fig, path, *a, **k):
+        figs[Path(path).name] = fig
+        fig.canvas.draw()
+        return real(fig, path, *a, **k)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep)
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    return figs
+
+
+def test_one_rate_scale_throughput_is_a_bar_per_scheduler(runs, tmp_path, monkeypatch):
+    from slicesched.replay.report import write_plots
+
+    figs = _figures_saved(monkeypatch)
+    write_plots(tmp_path, runs, comparison_table(runs))
+    for ax in figs["throughput.png"].axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["dedicated", "temporal-mux"]
+        assert len(ax.patches) == 2 and not [l for l in ax.lines if len(l.get_xdata()) > 2]
+
+
+def test_every_plot_has_a_title_and_labelled_axes_whose_tick_labels_do_not_overlap(runs, tmp_path, monkeypatch):
+    from slicesched.replay.report import write_plots
+
+    figs = _figures_saved(monkeypatch)
+    write_plots(tmp_path, runs, comparison_table(runs), "tiny")
+    assert sorted(figs) == ["idle_slices.png", "latency_cdf.png", "throughput.png", "utilization.png"]
+    for name, fig in figs.items():
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            if ax.get_label() == "<colorbar>":
+                continue
+            assert ax.get_title() or fig.get_suptitle(), name
+            assert ax.get_ylabel(), name
+            shown = [t for t in ax.get_xticklabels(which="both") if t.get_text() and t.get_visible()]
+            boxes = sorted((t.get_window_extent(renderer) for t in shown), key=lambda b: b.x0)
+            assert all(a.x1 <= b.x0 + 1 for a, b in zip(boxes, boxes[1:])), (name, [t.get_text() for t in shown])
+        assert any(ax.get_xlabel() for ax in fig.axes), name

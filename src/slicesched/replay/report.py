@@ -265,7 +265,7 @@ def _throughput_plot(plt, folder: Path, df: pd.DataFrame, prefix: str = "") -> N
 
 
 def _latency_cdfs(plt, folder: Path, runs: list[RunSummary], prefix: str = "") -> None:
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 4.2))
     for a, col, unit, mult in ((ax[0], "ttft_s", "s", 1.0), (ax[1], "tpot_s", "ms", 1e3)):
@@ -281,6 +281,8 @@ def _latency_cdfs(plt, folder: Path, runs: list[RunSummary], prefix: str = "") -
             a.set_xscale("log")
             a.xaxis.set_major_locator(LogLocator(base=10, numticks=8))
             a.xaxis.set_minor_formatter(NullFormatter())
+        else:  # a narrow range: a few linear ticks, so long labels like 0.00252 never collide
+            a.xaxis.set_major_locator(MaxNLocator(nbins=5))
         a.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         a.set_ylim(0, 1.02)
         a.grid(alpha=0.3)
