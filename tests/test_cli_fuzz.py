@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from hang_guard import no_hang
 from slicesched.cli import app
 
 runner = CliRunner()
@@ -35,22 +34,8 @@ INTS = st.integers(-3, 64) | st.sampled_from([10**6, 10**9, 2**62])
 VALUES = INTS | FLOATS | st.text(max_size=6) | st.booleans() | st.lists(st.floats(-1, 3), max_size=3)
 
 
-@contextmanager
-def no_hang(seconds: int = HANG_S):
-    def hung(*_):
-        raise TimeoutError(f"no answer within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def invoke(args: list[str]):
-    with no_hang():
+    with no_hang(HANG_S):
         return runner.invoke(app, args)
 
 

@@ -24,8 +24,10 @@ def runs(tiny_scenario_toml):
 def test_scheduler_color_is_fixed_by_name_and_distinct_for_shipped_schedulers():
     shipped = ["dedicated", "temporal-mux", "realloc", "slicesched"]
     assert len({scheduler_color(n) for n in shipped}) == 4
-    assert scheduler_color("my-policy") == scheduler_color("my-policy")
-    assert scheduler_color("my-policy") not in {scheduler_color(n) for n in shipped}
+    others = [f"policy-{i}" for i in range(30)]
+    assert [scheduler_color(n) for n in others] == [scheduler_color(n) for n in others]
+    assert scheduler_color("my-policy") == "#17becf"  # a hash of the name (crc32), the same in every process
+    assert not {scheduler_color(n) for n in others} & {scheduler_color(n) for n in shipped}
 
 
 def test_every_plot_draws_a_scheduler_in_its_colour(runs, tmp_path, monkeypatch):
@@ -35,6 +37,8 @@ def test_every_plot_draws_a_scheduler_in_its_colour(runs, tmp_path, monkeypatch)
 
     from slicesched.replay import report
 
+    # colours unlike matplotlib's default cycle, so a plot that forgets scheduler_color is caught
+    monkeypatch.setattr(report, "_FIXED", {"dedicated": 6, "temporal-mux": 8})
     seen: dict[str, set] = {}
     plots_with_bars: set = set()
     real_savefig = plt.Figure.savefig

@@ -5,13 +5,23 @@ import math
 import numpy as np
 import pytest
 
-from slicesched.traces._sampling import MAX_ARRIVALS, gamma_gaps, renewal_arrivals
+from slicesched.traces._sampling import gamma_gaps, renewal_arrivals
 
 
-@pytest.mark.parametrize("duration", [MAX_ARRIVALS * 10.0, math.inf, math.nan])
-def test_too_many_expected_arrivals_is_refused_at_once(duration):
+@pytest.mark.parametrize("duration", [math.inf, math.nan])
+def test_an_endless_window_is_refused_at_once(duration):
     with pytest.raises(ValueError, match="exceed the limit"):
         renewal_arrivals(np.random.default_rng(0), gamma_gaps(1.0, 1.0), 1.0, duration)
+
+
+def test_too_many_expected_arrivals_is_refused_before_drawing_any(monkeypatch):
+    import slicesched.traces._sampling as sampling
+
+    monkeypatch.setattr(sampling, "MAX_ARRIVALS", 1000)  # so that, unguarded, this test stays small
+    drawn = []
+    with pytest.raises(ValueError, match="1.1e\\+03 expected arrivals in 1100 s exceed the limit of 1e\\+03"):
+        renewal_arrivals(np.random.default_rng(0), lambda rng, n: drawn.append(n) or rng.exponential(1.0, n), 1.0, 1100.0)
+    assert not drawn
 
 
 def test_the_largest_cv_a_scenario_allows_still_generates():
