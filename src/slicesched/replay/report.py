@@ -220,9 +220,12 @@ def write_plots(folder: Path, runs: list[RunSummary], df: pd.DataFrame, title: s
 
 
 def _run_style(runs: list[RunSummary], r: RunSummary) -> dict:
-    """Colour by scheduler, line style by rate scale (the same in every plot)."""
+    """Colour by scheduler, line style by rate scale (the same in every plot); lines drawn
+    earlier are wider, so one that another run's line covers exactly still shows at its edges."""
     scales = sorted({x.rate_scale for x in runs})
-    return {"color": scheduler_color(r.scheduler), "ls": _LINESTYLES[scales.index(r.rate_scale) % len(_LINESTYLES)]}
+    names = list(dict.fromkeys(x.scheduler for x in runs))
+    return {"color": scheduler_color(r.scheduler), "ls": _LINESTYLES[scales.index(r.rate_scale) % len(_LINESTYLES)],
+            "lw": 1.2 + 1.2 * (len(names) - 1 - names.index(r.scheduler)) / max(len(names) - 1, 1)}
 
 
 def _run_label(runs: list[RunSummary], r: RunSummary) -> str:
@@ -316,10 +319,12 @@ def _utilization(plt, folder: Path, runs: list[RunSummary], prefix: str = "") ->
         m, edges = utilization_matrix(r)
         im = ax.imshow(m, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest",
                        extent=(0, edges[-1], r.num_devices - 0.5, -0.5))
-        ax.set_title(f"{prefix}{r.scheduler} x{r.rate_scale:g}: busy share of each device over time",
-                     color=scheduler_color(r.scheduler), fontsize=10)
+        ax.set_title(f"{prefix}{r.scheduler} x{r.rate_scale:g}: busy share of each device over time "
+                     f"(run ends at {r.makespan_s:.2f} s)", color=scheduler_color(r.scheduler), fontsize=10)
+        ax.set_facecolor("#e8e8e8")  # after a run's end (shared time axis): grey, not a colour of the scale
         ax.set_ylabel("device")
         ax.set_yticks(range(r.num_devices))
+    axes[-1, 0].set_xlim(0, max(r.makespan_s for r in shown))  # shared: the longest run whole, not the last one
     axes[-1, 0].set_xlabel("simulated time (s)")
     fig.colorbar(im, ax=axes[:, 0].tolist(), label="busy share of the time bin (0-1)")
     fig.savefig(folder / "utilization.png", dpi=110)
@@ -336,6 +341,7 @@ def _idle_histogram(plt, folder: Path, runs: list[RunSummary], prefix: str = "")
         gaps = np.concatenate([idle_intervals(iv, r.makespan_s) for iv in r.busy.values()] or [np.zeros(0)])
         secs, _ = np.histogram(np.minimum(gaps, finite[-1] * 0.999), bins=finite, weights=gaps)
         style = _run_style(runs, r)
+        style.pop("lw")
         scales = sorted({x.rate_scale for x in runs})
         ax.bar(np.arange(len(secs)) + k * width, secs, width=width, label=_run_label(runs, r), color=style["color"],
                hatch=_HATCHES[scales.index(r.rate_scale) % len(_HATCHES)], edgecolor="white")
