@@ -154,10 +154,15 @@ def _run_on_ray(tasks: list, address: str, on_done: Callable[[RunSummary], None]
     remote = ray.remote(_run_task)
     refs = [remote.remote(t) for t in tasks]
     out = []
-    for r in refs:
-        out.append(ray.get(r))
-        if on_done:
-            on_done(out[-1])
+    try:
+        for r in refs:
+            out.append(ray.get(r))
+            if on_done:
+                on_done(out[-1])
+    except BaseException:  # Ctrl-C or a failed run: the cluster stops the rest now
+        for r in refs[len(out):]:
+            ray.cancel(r, force=True)
+        raise
     return out
 
 
