@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -85,8 +86,268 @@ def test_replay_capacity_writes_csv_plot_and_prints_the_table(tmp_path, tiny_sce
     assert list(summary.scheduler) == ["dedicated", "roofline-bound"]
 
 
-def test_capacity_range_is_checked_before_any_replay(tmp_path, tiny_scenario_toml):
-    sc = tmp_path / "tiny.toml"
+# ---- one line, exit 2, nothing written: every user-fixable failure --------------------------------------------
+
+def one_line_error(r, *parts: str) -> str:
+    """The result failed as a user's mistake: exit 2, one line 'error: ...' naming `parts`, no traceback."""
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.output
+    for p in parts:
+        assert p in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def tiny(tmp_path, tiny_scenario_toml):
+    def make(text: str = tiny_scenario_toml, name: str = "s.toml"):
+        p = tmp_path / name
+        p.write_text(text)
+        return p
+    return make
+
+
+def replay(*args: str):
+    return runner.invoke(app, ["replay", *map(str, args), "--jobs", "1", "--duration", "1"])
+
+
+def test_binary_scenario_file_is_one_line(tmp_path):
+    p = tmp_path / "bin.toml"
+    p.write_bytes(b"name = 'x'\n\xff\xfe\x00garbage")
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:2:", "not a text (UTF-8) file")
+
+
+def test_folder_as_scenario_is_one_line(tmp_path):
+    one_line_error(runner.invoke(app, ["replay", str(tmp_path)]), str(tmp_path), "is a folder")
+
+
+@pytest.mark.parametrize("args, field", [(["-k", "0"], "--rate-scale"), (["-k", "-1"], "--rate-scale"),
+                                         (["-k", "1e9"], "--rate-scale"), (["--duration", "-1"], "--duration"),
+                                         (["--duration", "0"], "--duration"), (["--jobs", "0"], "--jobs")])
+def test_bad_replay_option_values_are_one_line_before_any_work(tiny, tmp_path, args, field):
+    r = runner.invoke(app, ["replay", str(tiny()), "--out", str(tmp_path / "o"), *args])
+    one_line_error(r, f"field '{field}'")
+    assert not (tmp_path / "o").exists()
+
+
+def test_unparsable_option_value_is_one_line(tiny):
+    one_line_error(runner.invoke(app, ["replay", str(tiny()), "-k", "abc"]), "'--rate-scale'")
+
+
+def test_unknown_command_is_one_line():
+    one_line_error(runner.invoke(app, ["frobnicate"]), "No such command")
+
+
+def test_zero_rate_scale_in_file_fails_validate_and_replay(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace("[replay]", "[replay]\nrate_scales = [0.0]"))
+    for r in (runner.invoke(app, ["validate", str(p)]), replay(p)):
+        one_line_error(r, f"{p}:17: field 'replay.rate_scales[0]'", "greater than 0")
+
+
+def test_huge_cv_is_refused_with_its_bound_not_a_hang(tiny, tiny_scenario_toml):
+    from hang_guard import no_hang
+
+    p = tiny(tiny_scenario_toml.replace("rate = 4.0", "rate = 4.0\ncv = 1e9"))
+    with no_hang(60):  # unbounded, arrival generation for this CV never ends: fail instead of hanging
+        r = runner.invoke(app, ["validate", str(p)])
+    one_line_error(r, f"{p}:14: field 'streams[0].cv'", "less than or equal to 20")
+
+
+def test_tp_whose_heads_do_not_divide_fails_validate(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace("devices_per_node = 2", "devices_per_node = 8")
+             .replace('model = "qwen2.5-1.5b"', 'model = "llama-3-8b"\ntp = 3', 1))
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:7: field 'tenants[0].tp'", "tp=3 does not divide")
+
+
+def test_model_too_large_for_its_device_fails_validate(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace('model = "qwen2.5-1.5b"', 'model = "llama-3-70b"', 1))
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:4: field 'tenants[0].tp'",  # the tenant's table
+                   "llama-3-70b needs 141.1 GB of weights per device at tp=1")
+
+
+def test_unknown_model_names_file_line_field(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace('model = "qwen2.5-1.5b"', 'model = "qwen-9000"', 1))
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:6: field 'tenants[0].model'", "unknown model 'qwen-9000'")
+
+
+def test_unknown_scheduler_in_file_is_blamed_on_the_file(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace('"temporal-mux"]', '"fastest"]'))
+    for r in (runner.invoke(app, ["validate", str(p)]), replay(p)):
+        line = one_line_error(r, f"{p}:19: field 'replay.schedulers[1]'", "unknown scheduler 'fastest'")
+        assert "--scheduler" not in line
+
+
+def test_unknown_device_names_cluster_device_and_its_line(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace("devices_per_node = 2", 'devices_per_node = 2\ndevice = "H900"'))
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:4: field 'cluster.device'", "unknown device 'H900'")
+
+
+def test_missing_tenants_names_no_misleading_line(tiny, tiny_scenario_toml):
+    text = tiny_scenario_toml.split("[[tenants]]")[0] + "[[streams]]" + tiny_scenario_toml.split("[[streams]]")[1]
+    p = tiny(text)
+    line = one_line_error(runner.invoke(app, ["validate", str(p)]), "field 'tenants'", "[[tenants]]")
+    assert line.startswith(f"error: {p}: field")  # no line number: there is no line to point at
+
+
+def trace_scenario(tiny, tiny_scenario_toml, trace: str, fmt: str = "azure"):
+    return tiny(tiny_scenario_toml.replace('source = "synthetic"', f'source = "trace"\npath = "{trace}"\nformat = "{fmt}"')
+                .replace("rate = 4.0\nprompt_mean = 256\noutput_mean = 16\n", ""))
+
+
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n2023-11-16 18:15:47.10,100,{}\n"
+
+
+def test_trace_row_with_zero_output_tokens_is_one_line(tiny, tiny_scenario_toml, tmp_path):
+    t = tmp_path / "az.csv"
+    t.write_text(AZURE.format(0))
+    p = trace_scenario(tiny, tiny_scenario_toml, t)
+    for r in (runner.invoke(app, ["validate", str(p)]), replay(p, "--out", tmp_path / "o")):
+        one_line_error(r, f"{t}:3: field 'GeneratedTokens'", "expected a token count from 1")
+    assert not (tmp_path / "o").exists()
+
+
+def test_validate_scans_trace_rows(tiny, tiny_scenario_toml, tmp_path):
+    t = tmp_path / "az.csv"
+    t.write_text(AZURE.format("ten"))
+    one_line_error(runner.invoke(app, ["validate", str(trace_scenario(tiny, tiny_scenario_toml, t))]),
+                   f"{t}:3: field 'GeneratedTokens'")
+
+
+def test_validate_checks_trace_format_and_file(tiny, tiny_scenario_toml, tmp_path):
+    t = tmp_path / "az.csv"
+    t.write_text(AZURE.format(5))
+    p = trace_scenario(tiny, tiny_scenario_toml, t, fmt="parquetz")
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:13: field 'streams[0].format'", "unknown trace format")
+    p = trace_scenario(tiny, tiny_scenario_toml, tmp_path / "nope.csv")
+    one_line_error(runner.invoke(app, ["validate", str(p)]), f"{p}:12: field 'streams[0].path'", "no such trace file")
+
+
+def test_scale_so_small_no_request_arrives_is_an_error(tiny, tmp_path):
+    r = replay(tiny(), "-k", "0.0001", "--out", tmp_path / "o")
+    one_line_error(r, "field '--rate-scale'", "no request arrives")
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_sla_range_is_refused_before_any_replay(tiny, tmp_path, monkeypatch):
+    import slicesched.replay.experiment as experiment
+
+    monkeypatch.setattr(experiment, "run_many", lambda *a, **k: pytest.fail("replayed before checking"))
+    r = replay(tiny(), "--throughput-at-sla", "--sla-range", "2", "0.05", "--out", tmp_path / "o")
+    one_line_error(r, "field '--sla-range'", "0 < LO < HI")
+
+
+def test_missing_ray_cluster_is_one_line(tiny, tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+
+    def no_cluster(*a, **k):
+        raise ConnectionError("Could not find any running Ray instance.\nMore text")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    r = runner.invoke(app, ["replay", str(tiny()), "--duration", "1", "--ray-address", "auto", "--out", str(tmp_path / "o")])
+    one_line_error(r, "field '--ray-address'", "cannot reach a Ray cluster at 'auto': Could not find any running")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, field", [(["--device", "H900"], "--device"), (["--grain", "foo"], "--grain"),
+                                         (["--tp", "3"], "--tp"), (["--batch", "0"], "'--batch'")])
+def test_gmg_bad_values_are_one_line(args, field):
+    one_line_error(runner.invoke(app, ["gmg", "llama-3-8b", *args]), field)
+
+
+def test_an_unexpected_exception_is_a_bug_line_with_a_saved_traceback(monkeypatch, tmp_path):
+    import tempfile
+
+    import slicesched.models.spec as spec
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(spec, "known_models", lambda: 1 / 0)
+    r = runner.invoke(app, ["models"])
+    assert r.exit_code == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "internal error (a bug in slicesched" in lines[0] and "ZeroDivisionError" in lines[0]
+    saved = Path(lines[0].rsplit("traceback saved to ", 1)[1])
+    assert saved.parent == tmp_path and "Traceback" in saved.read_text()
+
+
+# ---- never destroy what the user did not make -------------------------------------------------------------
+
+def test_existing_user_folder_is_refused_even_with_force(tiny, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line_error(replay(tiny(), "--out", out), f"{out}: field '--out'", "--force")
+    one_line_error(replay(tiny(), "--out", out, "--force"), "not written by slicesched")
+    assert (out / "notes.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["mine", "s.toml"]
+
+
+def test_existing_file_as_out_is_an_error(tiny, tmp_path):
+    f = tmp_path / "result"
+    f.write_text("keep")
+    one_line_error(replay(tiny(), "--out", f, "--force"), "not a folder")
+    assert f.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["result", "s.toml"]
+
+
+def test_force_replaces_only_an_earlier_output_holding_nothing_else(tiny, tmp_path):
+    out = tmp_path / "o"
+    assert replay(tiny(), "--out", out, "--no-plots").exit_code == 0
+    one_line_error(replay(tiny(), "--out", out), "--force")
+    r = replay(tiny(), "--out", out, "--force")
+    assert r.exit_code == 0 and (out / "throughput.png").exists()
+    (out / "notes.txt").write_text("mine")
+    one_line_error(replay(tiny(), "--out", out, "--force"), "did not write (notes.txt)")
+    assert (out / "notes.txt").exists()
+
+
+def test_output_folder_has_the_usual_permissions(tiny, tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        assert replay(tiny(), "--out", tmp_path / "o", "--no-plots").exit_code == 0
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "o").stat().st_mode & 0o777 == 0o755
+
+
+def test_no_plots_does_not_claim_plots(tiny, tmp_path):
+    r = replay(tiny(), "--out", tmp_path / "o", "--no-plots")
+    listed = r.stdout.strip().splitlines()[-1].split(" (", 1)[1]
+    assert r.exit_code == 0 and "plots" not in listed and ".png" not in listed and "summary.csv" in listed
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
+def test_table_counts_arrived_completed_rejected_unfinished(tiny, tmp_path):
+    r = replay(tiny(), "--out", tmp_path / "o", "--no-plots")
+    for col in ("arrived", "completed", "rejected", "unfinished"):
+        assert col in r.stdout
+
+
+# ---- Ctrl-C ---------------------------------------------------------------------------------------------------
+
+def test_ctrl_c_with_workers_stops_at_once_and_leaves_nothing(tmp_path, tiny_scenario_toml):
+    import os
+    import signal
+    import time
+
+    sc = tmp_path / "s.toml"
     sc.write_text(tiny_scenario_toml)
-    r = runner.invoke(app, ["replay", str(sc), "--capacity", "--sla-range", "2", "0.05", "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "--sla-range" in r.output and not (tmp_path / "o").exists()
+    p = subprocess.Popen([sys.executable, "-m", "slicesched.cli", "replay", str(sc), "--duration", "60", "--jobs", "2",
+                          "--out", str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(6)  # imports, checks, workers started and replaying
+    assert p.poll() is None, p.communicate()
+    t = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    _, err = p.communicate(timeout=60)
+    assert time.monotonic() - t < 3
+    assert p.returncode == 130 and err.strip().splitlines() == ["interrupted: stopped the run; no output was written"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["s.toml"]
+
+
+def test_a_library_message_with_newlines_is_still_one_line(tiny, tiny_scenario_toml, tmp_path):
+    t = tmp_path / "t.csv"  # pandas' parser error for this row ends in a newline
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n0.1,5,5\n0,0,0,0\n")
+    one_line_error(runner.invoke(app, ["validate", str(trace_scenario(tiny, tiny_scenario_toml, t, fmt="csv"))]),
+                   f"{t}:3:", "wrong number of fields")

@@ -1,30 +1,92 @@
 """Command line: `slicesched replay`, `validate`, `models`, `gmg`.
 
-Every user-fixable mistake (bad scenario field, malformed trace row, unknown model) prints one
-line naming file, line and field, and exits with status 2, without a traceback.
+Every user-fixable mistake (bad scenario field, malformed trace row, unknown model, a bad
+option value, a missing Ray cluster) prints one line naming file, line and field, and exits
+with status 2, without a traceback. Anything else is a bug: one line with the path of the saved
+traceback, exit status 1. Ctrl-C stops the run, removes partial output, exit status 130.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
 import sys
+import tempfile
+import traceback
 from importlib import resources
 from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.2x vendors its own click; older ones use click itself
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException, UsageError
 
 from slicesched.errors import InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__.split("\n")[0])
+EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+
+
+class _OneLineErrors(TyperGroup):
+    """The one place every command's failures are turned into one line and an exit status."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as e:  # unknown command or option at the top level
+            _usage_error(e)
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort):
+            raise
+        except UsageError as e:  # a bad option value or a missing argument of a command
+            _usage_error(e)
+        except InputError as e:
+            typer.echo(f"error: {e.one_line()}", err=True)
+            raise typer.Exit(EXIT_INPUT) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted: stopped the run; no output was written", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except ClickException:
+            raise
+        except Exception as e:  # noqa: BLE001 - anything else is a bug, reported once with its traceback saved
+            path = _save_traceback(e)
+            typer.echo(f"error: internal error (a bug in slicesched, please report it): {type(e).__name__}: "
+                       f"{_first_line(e)}; traceback saved to {path}", err=True)
+            raise typer.Exit(EXIT_BUG) from None
+
+
+def _usage_error(e: UsageError) -> None:
+    hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+    typer.echo(f"error: {_first_line(e.format_message())}{hint}", err=True)
+    raise typer.Exit(EXIT_INPUT) from None
+
+
+def _first_line(e: object) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _save_traceback(e: BaseException) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    fd, name = tempfile.mkstemp(prefix=f"slicesched-traceback-{stamp}-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"slicesched {' '.join(sys.argv[1:])}\n\n")
+        f.write("".join(traceback.format_exception(e)))
+    return Path(name)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=False,
+                  pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
 
 
 def builtin_scenario_path() -> Path:
     return Path(str(resources.files("slicesched").joinpath("scenarios", "default.toml")))
-
-
-def _fail(e: InputError) -> None:
-    typer.echo(f"error: {e.one_line()}", err=True)
-    raise typer.Exit(2)
 
 
 @app.command()
@@ -38,43 +100,39 @@ def replay(
     ray_address: Optional[str] = typer.Option(None, help="run on a Ray cluster ('local' starts one)"),
     capacity: bool = typer.Option(False, "--capacity", "--throughput-at-sla",
                                   help="also search each scheduler's capacity at SLA (<= 9% violations, mean over seeds)"),
-    seeds: int = typer.Option(3, help="capacity search: samples of the scenario (seeds seed, seed+1, ...)"),
+    seeds: int = typer.Option(3, min=1, max=100, help="capacity search: samples of the scenario (seed, seed+1, ...)"),
     sla_range: Optional[tuple[float, float]] = typer.Option(
         None, help="capacity search: rate scales it searches between; default: 1/32 of the roofline bound to it"),
     plots: bool = typer.Option(True, help="write PNG plots"),
+    force: bool = typer.Option(False, "--force", help="replace --out if it holds an earlier replay's output"),
 ) -> None:
     """Replay a scenario under each scheduler, print the comparison and write metrics, plots, traces."""
-    try:
-        _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address,
-                _capacity_settings(seeds, sla_range) if capacity else None, plots)
-    except InputError as e:
-        _fail(e)
+    _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address,
+            _capacity_settings(seeds, sla_range) if capacity else None, plots, force, sla_range)
 
 
-def _capacity_settings(seeds: int, sla_range: tuple[float, float]):
+def _capacity_settings(seeds: int, sla_range: tuple[float, float] | None):
     from slicesched.replay.capacity import CapacitySettings
 
     lo, hi = sla_range if sla_range else (None, None)
-    if sla_range and not 0 < lo < hi:
-        raise InputError(f"needs 0 < LO < HI, got {lo:g} {hi:g}", field="--sla-range")
-    if seeds < 1:
-        raise InputError(f"needs at least 1 seed, got {seeds}", field="--seeds")
     return lambda sc: CapacitySettings(seeds=tuple(range(sc.seed, sc.seed + seeds)), lo=lo, hi=hi)
 
 
-def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, capacity, plots) -> None:
+def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, capacity, plots, force,
+            sla_range) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slicesched.config import load_scenario
+    from slicesched.replay.checks import check_out, check_run_options, check_scenario
     from slicesched.replay.experiment import RunSpec, run_many
     from slicesched.replay.report import comparison_table, print_table, write_outputs
-    from slicesched.sched import SCHEDULERS
 
+    check_run_options(rate_scales=rate_scale, duration_s=duration, jobs=jobs, sla_range=sla_range)
     sc = load_scenario(scenario or builtin_scenario_path())
+    out = out or Path("runs") / sc.name
+    check_out(out, force)
+    check_scenario(sc, schedulers=scheduler, rate_scales=rate_scale, duration_s=duration)
     names = list(scheduler or sc.replay.schedulers)
-    for n in names:
-        if n not in SCHEDULERS:
-            raise InputError(f"unknown scheduler '{n}'; known: {', '.join(SCHEDULERS.names())}", field="--scheduler")
     scales = list(rate_scale or sc.replay.rate_scales)
     specs = [RunSpec(n, k, record_timeline=(i == 0)) for i, (n, k) in enumerate((n, k) for k in scales for n in names)]
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -102,10 +160,11 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, c
     extra = None
     if capacity is not None:
         extra = _capacity_search(sc, names, duration, capacity(sc), jobs, ray_address, plots, title)
-    folder = write_outputs(out or Path("runs") / sc.name, runs, df,
-                           {"scenario": sc.source_path, "schedulers": names, "rate_scales": scales}, plots, extra)
-    typer.echo(f"wrote {folder}/ (summary.csv, per_tenant.csv, devices.csv, requests.parquet, plots, trace.perfetto.json"
-               + (", capacity.csv, capacity_summary.csv, capacity.png)" if capacity is not None else ")"))
+    folder = write_outputs(out, runs, df, {"name": sc.name, "scenario": sc.source_path, "schedulers": names,
+                                          "rate_scales": scales},
+                           plots, force=force, extra=extra)
+    written = sorted(p.name for p in folder.iterdir())
+    typer.echo(f"wrote {folder}/ ({', '.join(written)})")
 
 
 def _capacity_search(sc, names: list[str], duration, settings, jobs: int, ray_address, plots: bool, title: str):
@@ -128,15 +187,15 @@ def _capacity_search(sc, names: list[str], duration, settings, jobs: int, ray_ad
 
 @app.command()
 def validate(scenario: Path = typer.Argument(..., help="scenario TOML file")) -> None:
-    """Check a scenario file and print what it describes."""
+    """Check a scenario file as `replay` would (models, memory, schedulers, traces read) and print what it describes."""
     from slicesched.config import load_scenario
+    from slicesched.replay.checks import check_scenario
 
-    try:
-        sc = load_scenario(scenario)
-    except InputError as e:
-        _fail(e)
+    sc = load_scenario(scenario)
+    found = check_scenario(sc)
+    counts = ", ".join(f"{n:,} at x{k:g}" for k, n in found.arrivals.items())
     typer.echo(f"{scenario}: ok: {len(sc.tenants)} tenants, {len(sc.streams)} streams, "
-               f"{sc.cluster.nodes * sc.cluster.devices_per_node} x {sc.cluster.device}")
+               f"{sc.cluster.nodes * sc.cluster.devices_per_node} x {sc.cluster.device}; requests arriving: {counts}")
 
 
 @app.command()
@@ -153,23 +212,28 @@ def models() -> None:
 @app.command()
 def gmg(
     model: str = typer.Argument("llama-3-8b", help="shipped model name or config.json path"),
-    batch: int = typer.Option(64, help="decode sequences"),
-    context: int = typer.Option(1024, help="tokens in each sequence's KV cache"),
-    prefill: int = typer.Option(0, help="if > 0, a prefill of this many tokens instead of decode"),
-    tp: int = typer.Option(1, help="tensor-parallel degree"),
+    batch: int = typer.Option(64, min=1, max=65536, help="decode sequences"),
+    context: int = typer.Option(1024, min=1, max=1 << 20, help="tokens in each sequence's KV cache"),
+    prefill: int = typer.Option(0, min=0, max=1 << 20, help="if > 0, a prefill of this many tokens instead of decode"),
+    tp: int = typer.Option(1, min=1, max=64, help="tensor-parallel degree"),
     device: str = typer.Option("H100-80GB", help="device type"),
     grain: str = typer.Option("block", help="slice grain: op | block | layer"),
 ) -> None:
     """Build one iteration's operator graph and print its summary and predicted costs."""
     from slicesched.cost import make_cost_model
     from slicesched.gmg import BatchShape, Grain, OpKind, build_iteration
-    from slicesched.hardware import LINKS, device_spec
+    from slicesched.gmg.builder import tp_problem
+    from slicesched.hardware import DEVICES, LINKS, device_spec
     from slicesched.models.spec import model_spec
 
-    try:
-        m = model_spec(model)
-    except InputError as e:
-        _fail(e)
+    m = model_spec(model)
+    if device not in DEVICES:
+        raise InputError(f"unknown device '{device}'; known: {', '.join(DEVICES)}", field="--device")
+    if grain.upper() not in Grain.__members__:
+        raise InputError(f"unknown grain '{grain}'; known: {', '.join(g.lower() for g in Grain.__members__)}",
+                         field="--grain")
+    if tp_problem(m, tp):
+        raise InputError(tp_problem(m, tp), field="--tp")
     shape = BatchShape.prefill(prefill) if prefill else BatchShape.decode(batch, context)
     g = build_iteration(m, shape, tp, Grain[grain.upper()])
     t = make_cost_model().op_times(g, device_spec(device), LINKS["nvlink4"])

@@ -21,4 +21,5 @@ class InputError(Exception):
             where = str(self.file) + (f":{self.line}" if self.line is not None else "")
         if self.field:
             where = f"{where}: field '{self.field}'" if where else f"field '{self.field}'"
-        return f"{where}: {self.message}" if where else self.message
+        line = f"{where}: {self.message}" if where else self.message
+        return " ".join(line.split())  # one line, whatever a library put in the message

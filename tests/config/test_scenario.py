@@ -75,3 +75,39 @@ def test_invalid_toml_names_line(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="not found"):
         load_scenario(tmp_path / "nope.toml")
+
+
+def test_binary_file_is_one_input_error_with_its_line(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_bytes(b'name = "x"\n\n\x89PNG\x00')
+    with pytest.raises(InputError, match=r"s\.toml:3: not a text \(UTF-8\) file"):
+        load_scenario(p)
+
+
+def test_folder_is_one_input_error(tmp_path):
+    with pytest.raises(InputError, match="is a folder"):
+        load_scenario(tmp_path)
+
+
+@pytest.mark.parametrize("old, new, field, bound", [
+    ("rate = 2.0", "rate = 2.0\ncv = 1e9", "streams[0].cv", "20"),
+    ("rate = 2.0", "rate = 1e9", "streams[0].rate", "100000"),
+    ('tp = 2', 'tp = 2\nmax_num_seqs = 10000000', "tenants[1].max_num_seqs", "65536"),
+    ('rate = 2.0', 'rate = 2.0\n[replay]\nduration_s = 1e12', "replay.duration_s", "604800"),
+    ('rate = 2.0', 'rate = 2.0\n[replay]\nrate_scales = [1.0, 1e9]', "replay.rate_scales[1]", "10000"),
+])
+def test_numbers_that_could_hang_or_explode_are_bounded_and_the_bound_named(tmp_path, old, new, field, bound):
+    with pytest.raises(InputError) as e:
+        load_scenario(write(tmp_path, GOOD.replace(old, new)))
+    assert e.value.field == field and bound in e.value.message and e.value.line is not None
+
+
+def test_unknown_link_is_blamed_on_its_field_and_line(tmp_path):
+    with pytest.raises(InputError) as e:
+        load_scenario(write(tmp_path, GOOD.replace("devices_per_node = 4", 'devices_per_node = 4\nintra_link = "pcie9"')))
+    assert (e.value.line, e.value.field) == (5, "cluster.intra_link")
+
+
+def test_empty_rate_scales_is_refused(tmp_path):
+    with pytest.raises(InputError, match="replay.rate_scales"):
+        load_scenario(write(tmp_path, GOOD + "[replay]\nrate_scales = []\n"))

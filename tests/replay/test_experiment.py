@@ -44,3 +44,18 @@ def test_a_seed_is_another_sample_of_the_same_scenario(tiny):
     assert (a.seed, b.seed) == (1, 2)
     assert not a.requests["arrival_s"].equals(b.requests["arrival_s"])
     assert a.requests["e2e_s"].equals(a_again.requests["e2e_s"])
+
+
+def test_an_interrupted_sweep_stops_its_workers_at_once(tiny):
+    import time
+
+    stopped = {}
+
+    def interrupt(r):
+        stopped["t"] = time.monotonic()
+        raise KeyboardInterrupt
+
+    specs = [RunSpec("dedicated", 0.05), RunSpec("temporal-mux", 1.0), RunSpec("dedicated", 1.0)]
+    with pytest.raises(KeyboardInterrupt):
+        run_many(tiny, specs, jobs=2, duration_s=40.0, on_done=interrupt)  # the first run is short, the rest long
+    assert time.monotonic() - stopped["t"] < 3

@@ -65,16 +65,21 @@ def test_azure_bad_token_field_reports_line_and_field(azure_dir: Path, tmp_path:
     with pytest.raises(InputError) as e:
         load_trace(f)
     assert (e.value.line, e.value.field) == (line, "GeneratedTokens")
-    assert "expected a non-negative integer, got 'abc'" in str(e.value)
+    assert "expected a token count from 1 to 1,048,576, got 'abc'" in str(e.value)
+
+
+def _load_error(path: Path, text: str) -> InputError:
+    """The InputError loading a trace file holding `text` raises."""
+    path.write_text(text)
+    with pytest.raises(InputError) as e:
+        load_trace(path)
+    return e.value
 
 
 def test_azure_bad_timestamp_reports_line_and_field(tmp_path: Path) -> None:
-    f = tmp_path / "a.csv"
-    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                 "2023-11-16 18:15:46.6805900,5,6\n2023-11-16 18:61:99,5,6\n")
-    with pytest.raises(InputError) as e:
-        load_trace(f)
-    assert (e.value.line, e.value.field) == (3, "TIMESTAMP")
+    e = _load_error(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,5,6\n2023-11-16 18:61:99,5,6\n")
+    assert (e.line, e.field) == (3, "TIMESTAMP")
 
 
 def test_mooncake_bad_field_reports_line_and_field(mooncake_dir: Path, tmp_path: Path) -> None:
@@ -183,3 +188,15 @@ def test_missing_header_column_reports_field(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         load_trace(f)
     assert (e.value.line, e.value.field) == (1, "output_tokens")
+
+
+@pytest.mark.parametrize("value", ["0", "2000000"])
+def test_plain_csv_token_count_out_of_range_reports_line(tmp_path: Path, value: str) -> None:
+    e = _load_error(tmp_path / "t.csv", f"arrival_s,prompt_tokens,output_tokens\n0.1,100,10\n0.2,100,{value}\n")
+    assert (e.line, e.field) == (3, "output_tokens") and "from 1 to 1,048,576" in e.message
+
+
+def test_mooncake_zero_input_length_reports_line(tmp_path: Path) -> None:
+    e = _load_error(tmp_path / "t.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 5}\n\n'
+                    '{"timestamp": 5, "input_length": 0, "output_length": 5}\n')
+    assert (e.line, e.field) == (3, "input_length")

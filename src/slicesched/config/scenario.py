@@ -14,10 +14,23 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slicesched.errors import InputError
 from slicesched.hardware.specs import DEVICES, LINKS
+
+
+# Bounds on numbers that would otherwise hang or exhaust memory (the CLI checks its options
+# against the same ones). A Gamma gap with CV far above ~20 has a shape so small that most
+# draws underflow to 0 and arrival generation stops advancing.
+MAX_CV = 20.0
+MAX_RATE = 1e5  # requests per second of one stream
+MAX_DURATION_S = 7 * 86400.0
+MAX_RATE_SCALE = 1e4
+MAX_TOKENS = 1 << 20  # token lengths, budgets
+MAX_SEQS = 1 << 16  # sequences in one batch
+
+RateScale = Annotated[float, Field(gt=0, le=MAX_RATE_SCALE)]
 
 
 class _Strict(BaseModel):
@@ -31,14 +44,19 @@ class ClusterConfig(_Strict):
     intra_link: str = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
     inter_link: str = Field("ib-ndr", description="network between servers")
 
-    @model_validator(mode="after")
-    def _known(self) -> "ClusterConfig":
-        if self.device not in DEVICES:
-            raise ValueError(f"unknown device '{self.device}', expected one of {', '.join(DEVICES)}")
-        for link in (self.intra_link, self.inter_link):
-            if link not in LINKS:
-                raise ValueError(f"unknown link '{link}', expected one of {', '.join(LINKS)}")
-        return self
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        if v not in DEVICES:
+            raise ValueError(f"unknown device '{v}', expected one of {', '.join(DEVICES)}")
+        return v
+
+    @field_validator("intra_link", "inter_link")
+    @classmethod
+    def _known_link(cls, v: str) -> str:
+        if v not in LINKS:
+            raise ValueError(f"unknown link '{v}', expected one of {', '.join(LINKS)}")
+        return v
 
 
 class TenantConfig(_Strict):
@@ -51,8 +69,8 @@ class TenantConfig(_Strict):
     ttft_slo_s: float | None = Field(None, gt=0, description="absolute TTFT SLO; default sla_scale x isolated")
     tpot_slo_s: float | None = Field(None, gt=0, description="absolute TPOT SLO; default sla_scale x isolated")
     sla_scale: float = Field(5.0, gt=1, description="SLO as a multiple of the isolated single-request latency")
-    max_num_seqs: int = Field(256, ge=1, description="most sequences in one batch (vLLM max_num_seqs)")
-    max_batch_tokens: int = Field(8192, ge=16, description="token budget of one iteration")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_SEQS, description="most sequences in one batch (vLLM max_num_seqs)")
+    max_batch_tokens: int = Field(8192, ge=16, le=MAX_TOKENS, description="token budget of one iteration")
     chunked_prefill: bool = Field(True, description="Sarathi-style chunked prefill within the token budget")
 
     @model_validator(mode="after")
@@ -66,12 +84,12 @@ class TenantConfig(_Strict):
 class SyntheticStream(_Strict):
     source: Literal["synthetic"]
     tenants: tuple[str, ...] = Field(description="tenants this stream feeds (split by popularity)")
-    rate: float = Field(gt=0, description="mean requests per second")
-    cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrival gaps (1 = Poisson)")
-    prompt_mean: float = Field(1024.0, gt=0)
-    prompt_sigma: float = Field(1.0, ge=0)
-    output_mean: float = Field(256.0, gt=0)
-    output_sigma: float = Field(1.0, ge=0)
+    rate: float = Field(gt=0, le=MAX_RATE, description="mean requests per second")
+    cv: float = Field(1.0, gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival gaps (1 = Poisson)")
+    prompt_mean: float = Field(1024.0, gt=0, le=MAX_TOKENS)
+    prompt_sigma: float = Field(1.0, ge=0, le=10)
+    output_mean: float = Field(256.0, gt=0, le=MAX_TOKENS)
+    output_sigma: float = Field(1.0, ge=0, le=10)
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0, description="power-law exponent of tenant popularity")
 
@@ -83,7 +101,7 @@ class TraceStream(_Strict):
     tenants: tuple[str, ...]
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0)
-    start_s: float = Field(0.0, ge=0, description="window start within the trace")
+    start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="window start within the trace")
 
 
 class ServeGenStream(_Strict):
@@ -93,8 +111,8 @@ class ServeGenStream(_Strict):
     model: str = "m-large"
     clients: tuple[int, ...] | None = Field(None, description="client ids; default: the busiest len(tenants)")
     tenants: tuple[str, ...] = Field(description="client i feeds tenant i")
-    start_s: float = Field(0.0, ge=0)
-    rate_scale: float = Field(1.0, gt=0, description="multiply ServeGen rates (production rates are huge)")
+    start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
+    rate_scale: float = Field(1.0, gt=0, le=MAX_RATE_SCALE, description="multiply ServeGen rates (production rates are huge)")
 
 
 Stream = Annotated[Union[SyntheticStream, TraceStream, ServeGenStream], Field(discriminator="source")]
@@ -102,15 +120,15 @@ Stream = Annotated[Union[SyntheticStream, TraceStream, ServeGenStream], Field(di
 
 class ReplayConfig(_Strict):
     schedulers: tuple[str, ...] = Field(("dedicated", "temporal-mux", "realloc"), description="schedulers to compare")
-    duration_s: float = Field(60.0, gt=0, description="simulated seconds of arrivals to replay")
-    rate_scales: tuple[float, ...] = Field((1.0,), description="time compressions of the workload to run")
+    duration_s: float = Field(60.0, gt=0, le=MAX_DURATION_S, description="simulated seconds of arrivals to replay")
+    rate_scales: tuple[RateScale, ...] = Field((1.0,), min_length=1, description="time compressions of the workload to run")
     grain: Literal["op", "block", "layer"] = Field("block", description="slice grain")
-    perturbation_cv: float = Field(0.05, ge=0, description="seeded variation of real op durations")
-    drain_s: float = Field(120.0, ge=0, description="extra simulated time to finish in-flight requests")
+    perturbation_cv: float = Field(0.05, ge=0, le=1, description="seeded variation of real op durations")
+    drain_s: float = Field(120.0, ge=0, le=MAX_DURATION_S, description="extra simulated time to finish in-flight requests")
     gpu_memory_utilization: float = Field(0.9, gt=0.1, le=1.0, description="share of device memory for "
                                           "weights + KV cache (the rest is activation headroom), as in vLLM")
-    realloc_interval_s: float = Field(30.0, gt=0, description="how often the realloc baseline rebalances")
-    realloc_warmup_s: float = Field(5.0, ge=0, description="engine start-up after a model's weights land")
+    realloc_interval_s: float = Field(30.0, gt=0, le=MAX_DURATION_S, description="how often the realloc baseline rebalances")
+    realloc_warmup_s: float = Field(5.0, ge=0, le=MAX_DURATION_S, description="engine start-up after a model's weights land")
     over_context: Literal["truncate", "reject"] = Field(
         "truncate", description="a request whose prompt + output exceeds its model's context window: "
         "'truncate' cuts the output (and, if the prompt alone is too long, keeps its last tokens) to "
@@ -171,9 +189,17 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario TOML file; every mistake is one InputError line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("scenario file not found", file=str(p)) from None
+    except IsADirectoryError:
+        raise InputError("is a folder, not a scenario file", file=str(p)) from None
+    except UnicodeDecodeError as e:
+        line = text_line(e.object, e.start)
+        raise InputError(f"not a text (UTF-8) file: byte 0x{e.object[e.start]:02x} cannot be decoded",
+                         file=str(p), line=line) from None
+    except OSError as e:
+        raise InputError(f"cannot read the scenario file: {e.strerror}", file=str(p)) from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -198,7 +224,28 @@ def parse_scenario(raw: dict, source: str = "<scenario>", text: str = "") -> Sce
         msg = msg.removeprefix("Value error, ")
         if field == "<root>":  # a whole-scenario check: no single field to name
             raise InputError(msg, file=source) from None
+        if err["type"] == "missing":  # nothing in the file to point at
+            what = f"a [[{field}]] table" if field in ("tenants", "streams") else "this field"
+            raise InputError(f"missing: the scenario needs {what}", file=source, field=field) from None
         raise InputError(msg, file=source, line=_line_of(text, err["loc"]), field=field) from None
+
+
+def text_line(data: bytes, offset: int) -> int:
+    """1-based line of byte `offset` in `data`."""
+    return data.count(b"\n", 0, offset) + 1
+
+
+def scenario_error(sc: Scenario, loc: tuple, message: str) -> InputError:
+    """An InputError about field `loc` (pydantic-style, e.g. ("tenants", 0, "tp")) of a loaded
+    scenario, with the file and the field's line when the scenario came from a file."""
+    text = ""
+    if sc.source_path:
+        try:
+            text = Path(sc.source_path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+    return InputError(message, file=sc.source_path, line=_line_of(text, loc) if text else None,
+                      field=_dotted(loc))
 
 
 def _suggest(loc: tuple, errs: list) -> str:
@@ -228,6 +275,10 @@ def _line_of(text: str, loc: tuple) -> int | None:
         hits = [i for i, line in enumerate(lines) if re.match(rf"\s*\[\[\s*{re.escape(table_key)}\s*\]\]", line)]
         if idx < len(hits):
             start = hits[idx]
+    elif loc and isinstance(loc[0], str) and len(loc) > 1:  # a key of a plain table, e.g. [cluster]
+        hits = [i for i, line in enumerate(lines) if re.match(rf"\s*\[\s*{re.escape(loc[0])}\s*\]", line)]
+        if hits:
+            table_key, start = loc[0], hits[0]
     keys = [k for k in loc if isinstance(k, str) and k != table_key]
     for key in reversed(keys):
         for i in range(start, len(lines)):

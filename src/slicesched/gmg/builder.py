@@ -203,11 +203,23 @@ class _Template:
     touched: np.ndarray | None  # float64 [8 * rows]; None for dense models
 
 
+def tp_problem(m: ModelSpec, tp: int) -> str | None:
+    """Why `m` cannot be sharded over `tp` devices (None if it can): attention heads must
+    divide, and KV heads too unless there are fewer of them than devices (then replicated)."""
+    if tp < 1:
+        return f"tp must be >= 1, got {tp}"
+    if m.heads % tp or m.kv_heads % tp and m.kv_heads >= tp:
+        return (f"{m.name} has {m.heads} attention heads and {m.kv_heads} KV heads, which tp={tp} "
+                f"does not divide")
+    return None
+
+
 @lru_cache(maxsize=256)
 def _template(m: ModelSpec, tp: int, grain: Grain) -> _Template:
     """Built once per (model, tp, grain); a build then only fills in the numbers."""
-    if m.heads % tp or m.kv_heads % tp and m.kv_heads >= tp:
-        raise ValueError(f"{m.name}: heads {m.heads}/{m.kv_heads} not divisible by tp={tp}")
+    problem = tp_problem(m, tp)
+    if problem:
+        raise ValueError(problem)
     rows = _all_rows(m, tp, _Counts(0, 0, 0, 0))
     layer = rows[1:-3]
     n, L = len(layer), m.layers

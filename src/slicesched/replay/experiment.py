@@ -7,6 +7,7 @@ runs fan out to worker processes (or Ray tasks given a cluster address) and come
 
 from __future__ import annotations
 
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -16,6 +17,7 @@ import pandas as pd
 
 from slicesched.config.scenario import Scenario
 from slicesched.cost import make_cost_model
+from slicesched.errors import InputError
 from slicesched.replay.driver import ReplayDriver, RunResult
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
@@ -131,28 +133,56 @@ def run_many(sc: Scenario, specs: Iterable[RunSpec], *, jobs: int = 1, ray_addre
                 on_done(out[-1])
         return out
     results: dict[int, RunSummary] = {}
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+    try:
         futs = {pool.submit(_run_task, t): i for i, t in enumerate(tasks)}
         for f in as_completed(futs):
             results[futs[f]] = f.result()
             if on_done:
                 on_done(results[futs[f]])
+    except BaseException:  # Ctrl-C or a failed run: stop the others now, not when they finish
+        _stop_pool(pool)
+        raise
+    pool.shutdown()
     return [results[i] for i in range(len(tasks))]
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them (no traceback from each worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public handle on the workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join(timeout=2)
 
 
 def _run_on_ray(tasks: list, address: str, on_done: Callable[[RunSummary], None] | None) -> list[RunSummary]:
     try:
         import ray
-    except ImportError as e:  # optional dependency
-        raise RuntimeError("--ray-address needs Ray: pip install 'slicesched[ray]'") from e
+    except ImportError:  # optional dependency
+        raise InputError("needs Ray: pip install 'slicesched[ray]'", field="--ray-address") from None
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, num_cpus=2 if address == "local" else None,
-                 include_dashboard=False, log_to_driver=False)
+        try:
+            ray.init(address=None if address == "local" else address, num_cpus=2 if address == "local" else None,
+                     include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:  # no cluster there
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise InputError(f"cannot reach a Ray cluster at '{address}': {first}", field="--ray-address") from None
     remote = ray.remote(_run_task)
     refs = [remote.remote(t) for t in tasks]
     out = []
-    for r in refs:
-        out.append(ray.get(r))
-        if on_done:
-            on_done(out[-1])
+    try:
+        for r in refs:
+            out.append(ray.get(r))
+            if on_done:
+                on_done(out[-1])
+    except BaseException:  # Ctrl-C or a failed run: the cluster stops the rest now
+        for r in refs[len(out):]:
+            ray.cancel(r, force=True)
+        raise
     return out

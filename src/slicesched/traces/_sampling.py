@@ -19,6 +19,9 @@ import numpy as np
 
 __all__ = ["GapSampler", "gamma_gaps", "weibull_gaps", "renewal_arrivals", "LognormalLengths"]
 
+#: Most arrivals one call may generate (about 1.6 GB of float64 times); beyond, memory runs out.
+MAX_ARRIVALS = 200_000_000
+
 GapSampler = Callable[[np.random.Generator, int], np.ndarray]
 """Draws ``n`` i.i.d. inter-arrival gaps in seconds."""
 
@@ -59,6 +62,10 @@ def renewal_arrivals(rng: np.random.Generator, sample: GapSampler, mean_gap: flo
     """
     if duration_s <= 0 or not np.isfinite(mean_gap) or mean_gap <= 0:
         return np.empty(0)
+    expected = duration_s / mean_gap
+    if not expected <= MAX_ARRIVALS:  # also NaN / inf durations: never an endless loop or a huge array
+        raise ValueError(f"{expected:.3g} expected arrivals in {duration_s:g} s exceed the limit of "
+                         f"{MAX_ARRIVALS:.3g}")
     first = _equilibrium_residual(rng, sample)
     chunks, t = [], first
     while t < duration_s:

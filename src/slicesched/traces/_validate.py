@@ -85,11 +85,19 @@ def _is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
 
-def int_column(df: pd.DataFrame, col: str, *, path: Path, first_line: Lines) -> np.ndarray:
-    """Column ``col`` as int64, each value a non-negative integer (``12.0`` and ``1e3`` pass)."""
+#: Most tokens one request may have in a trace (the longest in the shipped traces is ~191k).
+MAX_TRACE_TOKENS = 1 << 20
+
+
+def int_column(df: pd.DataFrame, col: str, *, path: Path, first_line: Lines, tokens: bool = False) -> np.ndarray:
+    """Column ``col`` as int64, each value a non-negative integer (``12.0`` and ``1e3`` pass);
+    with ``tokens``, a token count from 1 (a request with no prompt or no output cannot be
+    served) to ``MAX_TRACE_TOKENS``."""
     v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(v) | (v < 0) | (v != np.floor(v))
-    fail_at(df, col, bad, "a non-negative integer", path=path, first_line=first_line)
+    lo, hi = (1, MAX_TRACE_TOKENS) if tokens else (0, np.inf)
+    bad = ~np.isfinite(v) | (v < lo) | (v > hi) | (v != np.floor(v))
+    what = f"a token count from 1 to {MAX_TRACE_TOKENS:,}" if tokens else "a non-negative integer"
+    fail_at(df, col, bad, what, path=path, first_line=first_line)
     return v.astype(np.int64)
 
 

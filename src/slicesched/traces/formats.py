@@ -40,8 +40,8 @@ def load_azure(path: Path, *, name: str | None = None) -> Trace:
     """
     df = read_text_table(path, required=AZURE_COLUMNS)
     arrival = timestamp_column(df, "TIMESTAMP", path=path, first_line=2)
-    prompt = int_column(df, "ContextTokens", path=path, first_line=2)
-    output = int_column(df, "GeneratedTokens", path=path, first_line=2)
+    prompt = int_column(df, "ContextTokens", path=path, first_line=2, tokens=True)
+    output = int_column(df, "GeneratedTokens", path=path, first_line=2, tokens=True)
     return Trace.from_columns(name or path.stem, arrival, prompt, output)
 
 
@@ -56,7 +56,7 @@ def load_burstgpt(path: Path, *, name: str | None = None) -> Trace:
     """
     df = read_text_table(path, required=BURSTGPT_COLUMNS)
     arrival = float_column(df, "Timestamp", path=path, first_line=2)
-    prompt = int_column(df, "Request tokens", path=path, first_line=2)
+    prompt = int_column(df, "Request tokens", path=path, first_line=2, tokens=True)
     output = int_column(df, "Response tokens", path=path, first_line=2)
     model = df["Model"].to_numpy(dtype=object)
     fail_at(df, "Model", model == "", "a model name", path=path, first_line=2)
@@ -74,8 +74,8 @@ def load_plain_csv(path: Path, *, name: str | None = None) -> Trace:
     """
     df = read_text_table(path, required=CSV_COLUMNS)
     arrival = float_column(df, "arrival_s", path=path, first_line=2)
-    prompt = int_column(df, "prompt_tokens", path=path, first_line=2)
-    output = int_column(df, "output_tokens", path=path, first_line=2)
+    prompt = int_column(df, "prompt_tokens", path=path, first_line=2, tokens=True)
+    output = int_column(df, "output_tokens", path=path, first_line=2, tokens=True)
     tenant = None
     if "tenant" in df.columns:
         raw = df["tenant"].to_numpy(dtype=object)
@@ -99,8 +99,8 @@ def load_mooncake(path: Path, *, name: str | None = None) -> Trace:
     df = pd.DataFrame.from_records(records, columns=["timestamp", "input_length",
                                                      "output_length", "hash_ids"])
     arrival = float_column(df, "timestamp", path=path, first_line=lines) / 1000.0
-    prompt = int_column(df, "input_length", path=path, first_line=lines)
-    output = int_column(df, "output_length", path=path, first_line=lines)
+    prompt = int_column(df, "input_length", path=path, first_line=lines, tokens=True)
+    output = int_column(df, "output_length", path=path, first_line=lines, tokens=True)
     hashes = _hash_tuples(df["hash_ids"].tolist(), path, lines)
     return Trace.from_columns(name or path.stem, arrival, prompt, output,
                               prefix_hashes=hashes)
