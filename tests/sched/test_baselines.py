@@ -1,6 +1,6 @@
 from slicesched.sched import SCHEDULERS, make_scheduler
 from slicesched.sched.baselines import ReallocScheduler, TemporalMuxScheduler
-from slicesched.sched.interface import ReplicaLoad, Scheduler
+from slicesched.sched.interface import ReplicaLoad, Scheduler, TenantDemand
 
 import pytest
 
@@ -29,6 +29,39 @@ def test_temporal_mux_skips_pairs_whose_weights_do_not_fit():
     mux = TemporalMuxScheduler({"a": "llama-2-13b", "b": "llama-2-13b"}, 24e9)
     out = mux.deployment((("a", (0,)), ("b", (1,))))
     assert out == (("a", (0,)), ("b", (1,)))
+
+
+ONE_GPU_EACH = (("a", (0,)), ("b", (1,)), ("c", (2,)), ("d", (3,)))
+
+
+def test_temporal_mux_pairs_each_hot_tenant_with_a_cold_one_not_in_scenario_order():
+    # a and b are listed first and busy (alone each keeps ~35% of its GPU busy), c and d idle:
+    # a+b would fit, but the busiest replica takes the idlest mate (MuxServe's greedy order)
+    mux = TemporalMuxScheduler({t: "llama-2-7b" for t in "abcd"})
+    hot, cold = TenantDemand(7.0, 1024, 128), TenantDemand(0.2, 512, 64)
+    assert mux.deployment(ONE_GPU_EACH[:2], {"a": hot, "b": hot}) == (("a", (0, 1)), ("b", (0, 1)))
+    out = mux.deployment(ONE_GPU_EACH, {"a": hot, "b": hot, "c": cold, "d": cold})
+    assert out == (("a", (0, 2)), ("b", (1, 3)), ("c", (0, 2)), ("d", (1, 3)))
+
+
+def test_temporal_mux_declines_a_pair_whose_merged_load_exceeds_the_union():
+    # each alone is ~1.5x overloaded; merged, both would be (the union serves less of either)
+    mux = TemporalMuxScheduler({t: "llama-2-7b" for t in "ab"})
+    hot = TenantDemand(30.0, 1024, 128)
+    assert mux.deployment(ONE_GPU_EACH[:2], {"a": hot, "b": hot}) == ONE_GPU_EACH[:2]
+
+
+def test_temporal_mux_declines_a_latency_merge_without_headroom():
+    # each alone is ~75% busy and served; merged at ~87% the union has no room for bursts
+    mux = TemporalMuxScheduler({t: "llama-2-7b" for t in "ab"})
+    warm = TenantDemand(15.0, 1024, 128)
+    assert mux.deployment(ONE_GPU_EACH[:2], {"a": warm, "b": warm}) == ONE_GPU_EACH[:2]
+
+
+def test_temporal_mux_merges_an_overloaded_tenant_with_an_idle_one():
+    mux = TemporalMuxScheduler({t: "llama-2-7b" for t in "ab"})
+    out = mux.deployment(ONE_GPU_EACH[:2], {"a": TenantDemand(40.0, 1024, 128), "b": TenantDemand(0.2, 512, 64)})
+    assert out == (("a", (0, 1)), ("b", (0, 1)))
 
 
 class _View:

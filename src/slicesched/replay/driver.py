@@ -25,7 +25,7 @@ from slicesched.cost import CostModel, make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, block_weight_bytes, build_iteration
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
-from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
+from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, WeightCopy, WeightEviction)
 from slicesched.serving import SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for
@@ -151,7 +151,7 @@ class ReplayDriver:
         self.grain = _GRAINS[sc.replay.grain]
         default = default_replicas(sc, self.cluster)
         self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
-        pairs = scheduler.deployment(default)
+        pairs = scheduler.deployment(default, tenant_demands(trace, [t.name for t in sc.tenants]))
         replicas = [Replica(t, devs) for t, devs in pairs]
         containers = {}
         for r in replicas:
