@@ -217,49 +217,137 @@ class TemporalMuxScheduler(Scheduler):
 
 @SCHEDULERS.register("realloc")
 class ReallocScheduler(Scheduler):
-    """Every `interval_s`, moves one replica from the least pressured tenant that has a spare
-    one to the most pressured tenant, if the pressure gap is large (hysteresis)."""
+    """A request-driven autoscaler at container granularity (Knative / KServe style for LLMs).
+
+    Every `interval_s` it reads each replica's queue (waiting requests), running requests and
+    KV-cache use, the metrics vLLM exports for autoscaling, and starts at most one move:
+
+    - a tenant *needs* a replica when, at `scale_up_checks` consecutive checks, its queued +
+      running requests per active replica reach `scale_up_concurrency` (Knative's concurrency
+      target) or a replica's KV use reaches `scale_up_kv_frac`; a tenant with parked requests
+      and no replica (scaled to zero) needs one at once, between checks too (serverless
+      scale-from-zero on the first request);
+    - a tenant may *give* a replica when, over the last `donor_window_s`, it had no queued
+      request and its running requests and KV use, spread over one replica fewer, stayed under
+      `donor_concurrency` and `donor_kv_frac` (hysteresis: a quarter of the scale-up target);
+      its last replica only after `idle_to_zero_s` without any request (scale to zero);
+    - the neediest tenant (most requests per replica) takes the donor container that fits its
+      model (tensor-parallel split, weights leave `min_kv_frac` for KV), preferring one of its
+      own replicas' size, then the least loaded; both tenants then sit out `cooldown_s`.
+
+    The driver pays for each move: queued requests of the donor go to its other replicas at
+    once, running ones finish (drain), the weights load from host memory over each device's
+    PCIe link, then `warmup_s` of engine start-up. Left out: predictive scaling, scaling
+    several containers at once, and moving KV state (running requests are never migrated).
+    """
 
     name = "realloc"
 
-    def __init__(self, interval_s: float = 30.0, min_gap: float = 4.0, target_load: float = 16.0) -> None:
-        self.interval_s = interval_s
-        self.min_gap = min_gap  # hot pressure must exceed the donor's by this factor
-        self.target_load = target_load  # requests per replica above which a tenant wants more
-        self._next = interval_s
+    def __init__(self, settings=None, models: dict[str, str] | None = None, capacity_bytes: float = 80e9,
+                 utilization: float = 0.9) -> None:
+        from slicesched.config.scenario import ReallocConfig
+
+        self.cfg = settings or ReallocConfig()
+        self.models = models or {}
+        self.usable = capacity_bytes * utilization
+        self._next = 0.0
         self._view: ServingView | None = None
+        self._hot_streak: dict[str, int] = {}  # consecutive checks over a scale-up threshold
+        self._calm_since: dict[str, float] = {}  # start of the current spell as a possible donor
+        self._idle_since: dict[str, float] = {}  # start of the current spell without any request
+        self._frozen_until: dict[str, float] = {}  # cooldown after a move
 
     @classmethod
     def from_scenario(cls, scenario) -> "ReallocScheduler":
-        return cls(scenario.replay.realloc_interval_s)
+        from slicesched.hardware.specs import device_spec
+
+        return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants},
+                   device_spec(scenario.cluster.device).memory_bytes, scenario.replay.gpu_memory_utilization)
 
     def attach(self, view: ServingView) -> None:
         self._view = view
 
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         moves: tuple[ContainerMove, ...] = ()
-        if self._view is not None and now >= self._next:
-            self._next = now + self.interval_s
-            move = self._pick_move()
-            moves = (move,) if move else ()
+        if self._view is not None:
+            parked = {t: n for t, n in self._view.parked().items() if n}
+            if now >= self._next or parked:
+                tick = now >= self._next
+                if tick:
+                    self._next = now + self.cfg.interval_s
+                move = self._pick_move(now, parked, tick)
+                moves = (move,) if move else ()
         return SchedulerDecision(now, home_placements(gmg), container_moves=moves)
 
-    def _pick_move(self) -> ContainerMove | None:
-        """Pressure = queued + running requests per active replica (what request-based
-        autoscalers such as Knative's concurrency target watch)."""
-        reps = [r for r in self._view.replica_loads() if not r.draining]
-        per: dict[str, list] = {}
-        for r in reps:
-            per.setdefault(r.tenant, []).append(r)
-        pressure = {t: sum(x.waiting + x.running for x in rs) / len(rs) for t, rs in per.items()}
-        hot = max(pressure, key=pressure.get, default=None)
-        if hot is None or pressure[hot] < self.target_load:
-            return None
-        size = len(per[hot][0].devices)
-        donors = [t for t, rs in per.items() if t != hot and len(rs) > 1 and len(rs[0].devices) == size
-                  and pressure[hot] >= self.min_gap * max(pressure[t], 1.0)]
-        if not donors:
-            return None
-        cold = min(donors, key=pressure.get)
-        victim = min(per[cold], key=lambda x: x.waiting + x.running)
-        return ContainerMove(victim.devices, cold, hot)
+    def _pick_move(self, now: float, parked: dict[str, int], tick: bool) -> ContainerMove | None:
+        cfg = self.cfg
+        per: dict[str, list[ReplicaLoad]] = {}
+        for r in self._view.replica_loads():
+            if not r.draining and not r.guest:
+                per.setdefault(r.tenant, []).append(r)
+        if tick:
+            self._observe(per, now)
+        ready = lambda t: self._frozen_until.get(t, -1.0) <= now  # noqa: E731
+        load = {t: sum(x.waiting + x.running for x in rs) / len(rs) for t, rs in per.items()}
+        needy = [t for t in parked if t not in per and ready(t)]
+        if tick:  # between checks only a scale-from-zero acts
+            needy += sorted((t for t in per if self._hot_streak.get(t, 0) >= cfg.scale_up_checks and ready(t)),
+                            key=lambda t: -load[t])
+        for hot in needy:
+            move = self._donor_for(hot, per, now, ready)
+            if move is not None:
+                self._frozen_until[hot] = self._frozen_until[move.from_tenant] = now + cfg.cooldown_s
+                self._hot_streak[hot] = 0
+                self._calm_since.pop(move.from_tenant, None)
+                self._idle_since.pop(move.from_tenant, None)
+                return move
+        return None
+
+    def _observe(self, per: dict[str, list[ReplicaLoad]], now: float) -> None:
+        """Update each tenant's scale-up streak and its calm and idle spells at a check."""
+        cfg = self.cfg
+        for t, rs in per.items():
+            waiting, running = sum(x.waiting for x in rs), sum(x.running for x in rs)
+            over = ((waiting + running) / len(rs) >= cfg.scale_up_concurrency
+                    or max(x.kv_used_frac for x in rs) >= cfg.scale_up_kv_frac)
+            self._hot_streak[t] = self._hot_streak.get(t, 0) + 1 if over else 0
+            rest = max(len(rs) - 1, 1)
+            kv_after = sum(x.kv_used_frac for x in rs) / rest
+            if waiting == 0 and running / rest <= cfg.donor_concurrency and kv_after <= cfg.donor_kv_frac:
+                self._calm_since.setdefault(t, now)
+            else:
+                self._calm_since.pop(t, None)
+            if waiting + running == 0:
+                self._idle_since.setdefault(t, now)
+            else:
+                self._idle_since.pop(t, None)
+
+    def _donor_for(self, hot: str, per: dict[str, list[ReplicaLoad]], now: float, ready) -> ContainerMove | None:
+        cfg = self.cfg
+        size = len(per[hot][0].devices) if hot in per else None
+        best = None
+        for t, rs in per.items():
+            if t == hot or not ready(t):
+                continue
+            if len(rs) > 1:
+                ok = now - self._calm_since.get(t, now) >= cfg.donor_window_s and t in self._calm_since
+            else:
+                ok = t in self._idle_since and now - self._idle_since[t] >= cfg.idle_to_zero_s
+            if not ok:
+                continue
+            for r in rs:
+                if not self._fits(hot, r.devices):
+                    continue
+                key = (len(r.devices) != size, r.kv_used_frac, r.waiting + r.running)
+                if best is None or key < best[0]:
+                    best = (key, r)
+        return ContainerMove(best[1].devices, best[1].tenant, hot) if best else None
+
+    def _fits(self, tenant: str, devices: tuple[int, ...]) -> bool:
+        """The tenant's model shards over `devices` and its weights leave room for KV cache."""
+        if tenant not in self.models:
+            return True  # unknown model (tests): any container
+        model = self.models[tenant]
+        if not _tp_ok(model, len(devices)):
+            return False
+        return float(block_weight_bytes(model_spec(model), len(devices)).sum()) <= (1 - self.cfg.min_kv_frac) * self.usable

@@ -223,6 +223,11 @@ class ServingView(Protocol):
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]: ...
 
+    def parked(self) -> Mapping[str, int]:
+        """Per tenant without a serving replica (scaled to zero, or its only container moving):
+        requests that arrived and wait for one."""
+        ...
+
 
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
