@@ -122,24 +122,27 @@ class ReallocConfig(_Strict):
 
     interval_s: float = Field(2.0, gt=0, description="how often the autoscaler reads its metrics and may "
                               "start one move (Knative's autoscaler ticks every 2 s)")
-    scale_up_concurrency: float = Field(32.0, gt=0, description="queued + running requests per active "
+    scale_up_concurrency: float = Field(16.0, gt=0, description="queued + running requests per active "
                                         "replica at which a tenant wants another replica (Knative's "
                                         "concurrency target; vLLM's num_requests_waiting + _running)")
     scale_up_kv_frac: float = Field(0.9, gt=0, le=1, description="KV-cache use of a replica at which its "
                                     "tenant wants another replica (vLLM's gpu_cache_usage_perc)")
-    scale_up_checks: int = Field(2, ge=1, description="consecutive checks over a scale-up threshold before "
-                                 "acting: a single burst does not move a container")
-    donor_window_s: float = Field(4.0, ge=0, description="a tenant gives up a replica only after this long "
+    scale_up_checks: int = Field(1, ge=1, description="consecutive checks over a scale-up threshold before "
+                                 "acting (1: at once, as Knative's panic mode; a move takes seconds, and the "
+                                 "donor rule, the hysteresis and the cooldown keep it from flapping)")
+    donor_window_s: float = Field(2.0, ge=0, description="a tenant gives up a replica only after this long "
                                   "without queued requests and with its load, spread over one replica fewer, "
-                                  "under donor_concurrency and donor_kv_frac (scale-down stabilization)")
-    donor_concurrency: float = Field(8.0, gt=0, description="running requests per remaining replica a donor "
+                                  "under donor_concurrency and donor_kv_frac (scale-down stabilization: two "
+                                  "consecutive checks)")
+    donor_concurrency: float = Field(4.0, gt=0, description="running requests per remaining replica a donor "
                                      "may reach (a quarter of the scale-up target: hysteresis)")
     donor_kv_frac: float = Field(0.5, gt=0, le=1, description="KV use the donor's remaining replicas may reach")
     idle_to_zero_s: float = Field(30.0, ge=0, description="a tenant's last replica may go (scale to zero, as "
                                   "serverless LLM serving does) after this long with no request at all; its "
                                   "next request waits for a cold start")
-    cooldown_s: float = Field(20.0, ge=0, description="after a move, neither tenant takes part in another "
-                              "for this long (the new replica must first drain, load and warm up)")
+    cooldown_s: float = Field(10.0, ge=0, description="after a move, the tenant that took the container "
+                              "takes part in no other for this long (the donor must drain, the weights "
+                              "load and the engine warm up before the new replica shows its effect)")
     warmup_s: float = Field(2.0, ge=0, description="engine start-up after the weights land: process and "
                             "CUDA context kept warm, KV pool allocation and CUDA-graph capture")
     min_kv_frac: float = Field(0.2, ge=0, lt=1, description="a container takes a model only if its weights "

@@ -230,10 +230,14 @@ class ReallocScheduler(Scheduler):
     - a tenant may *give* a replica when, over the last `donor_window_s`, it had no queued
       request and its running requests and KV use, spread over one replica fewer, stayed under
       `donor_concurrency` and `donor_kv_frac` (hysteresis: a quarter of the scale-up target);
-      its last replica only after `idle_to_zero_s` without any request (scale to zero);
+      its last replica only after `idle_to_zero_s` without any request (scale to zero); a
+      tenant at zero may take any tenant's spare (second or later) replica, calm, cooling
+      down or not;
     - the neediest tenant (most requests per replica) takes the donor container that fits its
       model (tensor-parallel split, weights leave `min_kv_frac` for KV), preferring one of its
-      own replicas' size, then the least loaded; both tenants then sit out `cooldown_s`.
+      own replicas' size, then the least loaded; the taker then sits out `cooldown_s` (neither
+      asks for more nor gives while its new replica loads and proves itself), the donor's calm
+      spell starts over.
 
     The driver pays for each move: queued requests of the donor go to its other replicas at
     once, running ones finish (drain), the weights load from host memory over each device's
@@ -296,7 +300,7 @@ class ReallocScheduler(Scheduler):
         for hot in needy:
             move = self._donor_for(hot, per, now, ready)
             if move is not None:
-                self._frozen_until[hot] = self._frozen_until[move.from_tenant] = now + cfg.cooldown_s
+                self._frozen_until[hot] = now + cfg.cooldown_s  # its new replica first loads and warms up
                 self._hot_streak[hot] = 0
                 self._calm_since.pop(move.from_tenant, None)
                 self._idle_since.pop(move.from_tenant, None)
@@ -327,10 +331,11 @@ class ReallocScheduler(Scheduler):
         size = len(per[hot][0].devices) if hot in per else None
         best = None
         for t, rs in per.items():
-            if t == hot or not ready(t):
+            from_zero = hot not in per  # each tenant is owed one replica: any spare one, cooling or not
+            if t == hot or not (ready(t) or from_zero):
                 continue
             if len(rs) > 1:
-                ok = now - self._calm_since.get(t, now) >= cfg.donor_window_s and t in self._calm_since
+                ok = from_zero or (t in self._calm_since and now - self._calm_since[t] >= cfg.donor_window_s)
             else:
                 ok = t in self._idle_since and now - self._idle_since[t] >= cfg.idle_to_zero_s
             if not ok:
