@@ -75,3 +75,13 @@ def test_invalid_toml_names_line(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="not found"):
         load_scenario(tmp_path / "nope.toml")
+
+
+def test_realloc_settings_come_from_their_own_table(tmp_path):
+    s = load_scenario(write(tmp_path, GOOD + "[schedulers.realloc]\ninterval_s = 5\n"))
+    assert s.schedulers.realloc.interval_s == 5 and s.schedulers.realloc.warmup_s == 2.0
+
+
+def test_misspelled_realloc_setting_names_its_table(tmp_path):
+    with pytest.raises(InputError, match=r"schedulers\.realloc\.intervl_s.*unknown field"):
+        load_scenario(write(tmp_path, GOOD + "[schedulers.realloc]\nintervl_s = 5\n"))

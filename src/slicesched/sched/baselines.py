@@ -1,10 +1,18 @@
-"""Container-granularity baselines: how multi-tenant serving is scheduled today.
+"""Container-granularity baselines: how multi-tenant serving is scheduled today, each as strong
+as its published design (DESIGN.md section 4), with one default configuration for every scenario.
 
 - `dedicated`: every tenant runs only on its own container(s) (one engine per model).
-- `temporal-mux`: pairs of containers merge into one shared group on which both tenants'
-  weights stay resident and their iterations are multiplexed (MuxServe-style co-location).
-- `realloc`: an autoscaler that periodically moves a container from the least to the most
-  loaded tenant, paying the drain, the weight load from host memory and the warm-up.
+- `temporal-mux`: MuxServe-style co-location planned from each tenant's load forecast
+  (`TenantDemand`): pairs of same-size containers merge into one shared group, on which both
+  tenants' weights stay resident and their iterations are multiplexed; the busiest replica
+  takes the mate that lets the merged group serve the most, and a pair that would overflow
+  the union's compute or memory stays apart.
+- `realloc`: a request-driven autoscaler (Knative / KServe style) that moves whole containers
+  from calm or idle tenants to overloaded ones, scales idle tenants to zero and back, and pays
+  for each move (drain, weight load from host memory, warm-up) in the driver.
+
+Settings: `temporal-mux` reads the cluster and SLOs from the scenario; `realloc` reads
+`[schedulers.realloc]` (`config.scenario.ReallocConfig`).
 """
 
 from __future__ import annotations
