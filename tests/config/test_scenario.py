@@ -111,3 +111,13 @@ def test_unknown_link_is_blamed_on_its_field_and_line(tmp_path):
 def test_empty_rate_scales_is_refused(tmp_path):
     with pytest.raises(InputError, match="replay.rate_scales"):
         load_scenario(write(tmp_path, GOOD + "[replay]\nrate_scales = []\n"))
+
+
+def test_realloc_settings_come_from_their_own_table(tmp_path):
+    s = load_scenario(write(tmp_path, GOOD + "[schedulers.realloc]\ninterval_s = 5\n"))
+    assert s.schedulers.realloc.interval_s == 5 and s.schedulers.realloc.warmup_s == 2.0
+
+
+def test_misspelled_realloc_setting_names_its_table(tmp_path):
+    with pytest.raises(InputError, match=r"schedulers\.realloc\.intervl_s.*unknown field"):
+        load_scenario(write(tmp_path, GOOD + "[schedulers.realloc]\nintervl_s = 5\n"))

@@ -125,8 +125,6 @@ MULTI = """
     [replay]
     duration_s = 8
     drain_s = 60
-    realloc_interval_s = 2
-    realloc_warmup_s = 1
 """
 
 

@@ -127,13 +127,50 @@ class ReplayConfig(_Strict):
     drain_s: float = Field(120.0, ge=0, le=MAX_DURATION_S, description="extra simulated time to finish in-flight requests")
     gpu_memory_utilization: float = Field(0.9, gt=0.1, le=1.0, description="share of device memory for "
                                           "weights + KV cache (the rest is activation headroom), as in vLLM")
-    realloc_interval_s: float = Field(30.0, gt=0, le=MAX_DURATION_S, description="how often the realloc baseline rebalances")
-    realloc_warmup_s: float = Field(5.0, ge=0, le=MAX_DURATION_S, description="engine start-up after a model's weights land")
     over_context: Literal["truncate", "reject"] = Field(
         "truncate", description="a request whose prompt + output exceeds its model's context window: "
         "'truncate' cuts the output (and, if the prompt alone is too long, keeps its last tokens) to "
         "fit, as trace replays (Vidur) do when a trace is mapped onto a shorter-context model; "
         "'reject' refuses it as vLLM's API refuses a max_tokens beyond the window (a violation)")
+
+
+class ReallocConfig(_Strict):
+    """The `realloc` autoscaler (`[schedulers.realloc]`): one default for every scenario,
+    chosen as an operator of a request-driven LLM autoscaler would (Knative / KServe style)."""
+
+    interval_s: float = Field(2.0, gt=0, description="how often the autoscaler reads its metrics and may "
+                              "start one move (Knative's autoscaler ticks every 2 s)")
+    scale_up_concurrency: float = Field(16.0, gt=0, description="queued + running requests per active "
+                                        "replica at which a tenant wants another replica (Knative's "
+                                        "concurrency target; vLLM's num_requests_waiting + _running)")
+    scale_up_kv_frac: float = Field(0.9, gt=0, le=1, description="KV-cache use of a replica at which its "
+                                    "tenant wants another replica (vLLM's gpu_cache_usage_perc)")
+    scale_up_checks: int = Field(1, ge=1, description="consecutive checks over a scale-up threshold before "
+                                 "acting (1: at once, as Knative's panic mode; a move takes seconds, and the "
+                                 "donor rule, the hysteresis and the cooldown keep it from flapping)")
+    donor_window_s: float = Field(2.0, ge=0, description="a tenant gives up a replica only after this long "
+                                  "without queued requests and with its load, spread over one replica fewer, "
+                                  "under donor_concurrency and donor_kv_frac (scale-down stabilization: two "
+                                  "consecutive checks)")
+    donor_concurrency: float = Field(4.0, gt=0, description="running requests per remaining replica a donor "
+                                     "may reach (a quarter of the scale-up target: hysteresis)")
+    donor_kv_frac: float = Field(0.5, gt=0, le=1, description="KV use the donor's remaining replicas may reach")
+    idle_to_zero_s: float = Field(30.0, ge=0, description="a tenant's last replica may go (scale to zero, as "
+                                  "serverless LLM serving does) after this long with no request at all; its "
+                                  "next request waits for a cold start")
+    cooldown_s: float = Field(10.0, ge=0, description="after a move, the tenant that took the container "
+                              "takes part in no other for this long (the donor must drain, the weights "
+                              "load and the engine warm up before the new replica shows its effect)")
+    warmup_s: float = Field(2.0, ge=0, description="engine start-up after the weights land: process and "
+                            "CUDA context kept warm, KV pool allocation and CUDA-graph capture")
+    min_kv_frac: float = Field(0.2, ge=0, lt=1, description="a container takes a model only if its weights "
+                               "leave this share of usable memory for KV cache")
+
+
+class SchedulerSettings(_Strict):
+    """Per-scheduler settings (`[schedulers.<name>]`)."""
+
+    realloc: ReallocConfig = ReallocConfig()
 
 
 class Scenario(_Strict):
@@ -143,6 +180,7 @@ class Scenario(_Strict):
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
     streams: tuple[Stream, ...] = Field(min_length=1)
     replay: ReplayConfig = ReplayConfig()
+    schedulers: SchedulerSettings = SchedulerSettings()
     source_path: str | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

@@ -10,6 +10,8 @@ from slicesched.config.scenario import Scenario
 from slicesched.gmg.builder import block_weight_bytes
 from slicesched.hardware.cluster import Cluster, NodeSpec
 from slicesched.models.spec import ModelSpec
+from slicesched.sched.interface import TenantDemand
+from slicesched.traces import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,4 +82,22 @@ def kv_pool_bytes(replicas: list[Replica], models: dict[str, ModelSpec], capacit
     for r in replicas:
         mine = models[r.tenant].kv_bytes_per_token() / r.tp
         out.append(float(min(free[d] * mine / share[d] for d in r.devices)))
+    return out
+
+
+def tenant_demands(trace: Trace, tenants: list[str]) -> dict[str, TenantDemand]:
+    """Per tenant, the load forecast a planner such as MuxServe starts from: the mean arrival
+    rate over the replayed window and the mean prompt and output lengths of its requests.
+
+    An idealized forecast: right on average (the operator knows each tenant's rate and length
+    statistics, as MuxServe assumes), blind to when bursts come and to any request's length.
+    """
+    window = max(float(trace.arrival_s[-1]), 1e-9) if len(trace) else 1.0
+    labels = np.asarray(trace.tenant) if trace.tenant is not None else np.array([], dtype=object)
+    out = {}
+    for t in tenants:
+        mine = labels == t
+        n = int(mine.sum())
+        out[t] = TenantDemand(n / window, float(trace.prompt_tokens[mine].mean()) if n else 0.0,
+                              float(trace.output_tokens[mine].mean()) if n else 0.0)
     return out

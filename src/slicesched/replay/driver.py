@@ -25,7 +25,7 @@ from slicesched.cost import CostModel, make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, block_weight_bytes, build_iteration
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
-from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
+from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, WeightCopy, WeightEviction)
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
@@ -114,7 +114,7 @@ class ReplayDriver:
         self.grain = _GRAINS[sc.replay.grain]
         default = default_replicas(sc, self.cluster)
         self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
-        pairs = scheduler.deployment(default)
+        pairs = scheduler.deployment(default, tenant_demands(trace, [t.name for t in sc.tenants]))
         replicas = [Replica(t, devs) for t, devs in pairs]
         containers = {}
         for r in replicas:
@@ -131,6 +131,7 @@ class ReplayDriver:
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
         self._activations: list[tuple[float, Replica]] = []  # (ready time, replica) being loaded
+        self._parked: dict[str, list[Request]] = {}  # tenant without an active replica -> arrivals
         self.ooms: list[OOMEvent] = []
         self.iterations = 0
         self.moves = 0
@@ -161,6 +162,9 @@ class ReplayDriver:
                                    kv.used_blocks / max(kv.num_blocks, 1),
                                    kv.num_free * kv.block_tokens * rs.kv_bytes_per_token))
         return tuple(out)
+
+    def parked(self) -> dict[str, int]:
+        return {t: len(q) for t, q in self._parked.items()}
 
     def sla_of(self, tenant: str) -> SLA | None:
         return self.slas.get(tenant)
@@ -226,9 +230,7 @@ class ReplayDriver:
 
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
-        mine = self.replicas_of(req.tenant)
-        reps = [rs for rs in mine if not rs.draining] or mine  # all moving: least loaded draining one
-        target = min(reps, key=lambda rs: rs.relative_load)
+        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining]
         # Beyond the model's context window (the trace's output length stands in for the client's
         # max_tokens; only this check sees it, never a scheduler): cut to fit or refused, per
         # `replay.over_context`. A prompt beyond the KV pool is always refused.
@@ -239,13 +241,23 @@ class ReplayDriver:
             req.prompt_tokens = min(req.prompt_tokens, ctx - 1)
             req.output_tokens = ctx - req.prompt_tokens
             over = False
-        if over or req.prompt_tokens >= target.engine.max_model_len:
-            self.rejected += 1
-            self.over_context += over
-            req.state = RequestState.REJECTED
+        if over:
+            self.over_context += 1
+            return self._reject(req)
+        if not reps:  # scaled to zero or its container moving: waits for a replica (cold start)
+            self._parked.setdefault(req.tenant, []).append(req)
             return None
+        return self._admit(min(reps, key=lambda rs: rs.relative_load), req)
+
+    def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
+        if req.prompt_tokens >= target.engine.max_model_len:
+            return self._reject(req)
         target.engine.add_request(req, req.arrival_s)
         return target
+
+    def _reject(self, req: Request) -> None:
+        self.rejected += 1
+        req.state = RequestState.REJECTED
 
     def _launch_batches(self, rs: ReplicaState, now: float) -> None:
         eng = rs.engine
@@ -429,18 +441,27 @@ class ReplayDriver:
 
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
+        """Start each move: the replica takes no new requests, its queued ones go to the tenant's
+        other replicas at once (a load balancer re-routes them), its running ones finish. A
+        tenant's last replica may go (scale to zero): its later arrivals park until it has one."""
+        now = self.sim.now
         for mv in moves:
-            rs = next((r for r in self.replicas if r.replica.tenant == mv.from_tenant
+            rs = next((r for r in self.replicas if r.replica.tenant == mv.from_tenant and not r.guest
                        and r.replica.devices == tuple(mv.devices) and not r.draining), None)
-            if rs is None or len([r for r in self.replicas_of(mv.from_tenant) if not r.draining]) < 2:
-                continue  # never leave a tenant without a replica
+            if rs is None:
+                continue
             rs.draining, rs.move_to = True, mv.to_tenant
             self.moves += 1
+            rest = [r for r in self.replicas_of(mv.from_tenant) if not r.draining]
+            if rest:
+                for req in rs.engine.take_waiting(rs.engine.num_waiting):
+                    min(rest, key=lambda r: r.relative_load).engine.adopt(req, now)
             if not rs.engine.has_work() and rs.engine.num_inflight == 0:
-                self._finish_drain(rs, self.sim.now)
+                self._finish_drain(rs, now)
 
     def _finish_drain(self, rs: ReplicaState, t: float) -> None:
-        """Free the drained replica's devices and start loading the new model from host memory."""
+        """Free the drained replica's devices and start loading the new model from host memory
+        (a cache of every served model's weights in host DRAM, as ServerlessLLM keeps)."""
         self.replicas.remove(rs)
         tenant, devs = rs.replica.tenant, rs.replica.devices
         self._evict_weights(rs, t)
@@ -450,7 +471,7 @@ class ReplayDriver:
         per_dev = float(block_weight_bytes(self.models[new.tenant], new.tp).sum())
         # every device loads its shard from host memory over its own PCIe link, in parallel
         load_s = max(self.cost.transfer_time(per_dev, self.cluster.host_link(d)) for d in devs)
-        self._activations.append((t + load_s + self.sc.replay.realloc_warmup_s, new))
+        self._activations.append((t + load_s + self.sc.schedulers.realloc.warmup_s, new))
 
     def _next_activation(self) -> float:
         return min((t for t, _ in self._activations), default=math.inf)
@@ -468,6 +489,8 @@ class ReplayDriver:
                                  self.sc.replay.gpu_memory_utilization)[-1]
             started.append(self._start_replica(r, pool))
             self.replicas.append(started[-1])
+            for req in self._parked.pop(r.tenant, []):  # cold start over: parked arrivals go in
+                self._admit(started[-1], req)
         return started
 
     # ---- result -----------------------------------------------------------------------------

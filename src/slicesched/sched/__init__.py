@@ -4,7 +4,7 @@ from slicesched.sched import baselines as _baselines  # noqa: F401  (registers t
 from slicesched.sched import slicesched as _slicesched  # noqa: F401  (registers SliceScheduler)
 from slicesched.sched.interface import (SCHEDULERS, Backend, ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
                                         SchedulerDecision, ServingView, SliceCompletion, SlicePlacement, StepOutcome,
-                                        WeightCopy, WeightEviction)
+                                        TenantDemand, WeightCopy, WeightEviction)
 
 
 def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
@@ -13,5 +13,5 @@ def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
 
 
 __all__ = ["SCHEDULERS", "Backend", "ContainerMove", "GuestStart", "GuestStop", "OOMEvent", "ReplicaLoad", "Scheduler", "SchedulerDecision",
-           "ServingView", "SliceCompletion", "SlicePlacement", "StepOutcome", "WeightCopy",
+           "ServingView", "SliceCompletion", "SlicePlacement", "StepOutcome", "TenantDemand", "WeightCopy",
            "WeightEviction", "make_scheduler"]

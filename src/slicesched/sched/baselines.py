@@ -1,19 +1,34 @@
-"""Container-granularity baselines: how multi-tenant serving is scheduled today.
+"""Container-granularity baselines: how multi-tenant serving is scheduled today, each as strong
+as its published design (DESIGN.md section 4), with one default configuration for every scenario.
 
 - `dedicated`: every tenant runs only on its own container(s) (one engine per model).
-- `temporal-mux`: pairs of containers merge into one shared group on which both tenants'
-  weights stay resident and their iterations are multiplexed (MuxServe-style co-location).
-- `realloc`: an autoscaler that periodically moves a container from the least to the most
-  loaded tenant, paying the drain, the weight load from host memory and the warm-up.
+- `temporal-mux`: MuxServe-style co-location planned from each tenant's load forecast
+  (`TenantDemand`): pairs of same-size containers merge into one shared group, on which both
+  tenants' weights stay resident and their iterations are multiplexed; the busiest replica
+  takes the mate that lets the merged group serve the most, and a pair that would overflow
+  the union's compute or memory stays apart.
+- `realloc`: a request-driven autoscaler (Knative / KServe style) that moves whole containers
+  from calm or idle tenants to overloaded ones, scales idle tenants to zero and back, and pays
+  for each move (drain, weight load from host memory, warm-up) in the driver.
+
+Settings: `temporal-mux` reads the cluster and SLOs from the scenario; `realloc` reads
+`[schedulers.realloc]` (`config.scenario.ReallocConfig`).
 """
 
 from __future__ import annotations
 
-from slicesched.gmg.builder import block_weight_bytes
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from slicesched.gmg.builder import block_weight_bytes, build_iteration
 from slicesched.gmg.graph import GlobalMappingGraph
+from slicesched.gmg.ops import BatchShape
+from slicesched.hardware.specs import device_spec, link_spec
 from slicesched.models.spec import model_spec
 from slicesched.sched.interface import (SCHEDULERS, ContainerMove, Scheduler, SchedulerDecision, ServingView,
-                                        SlicePlacement)
+                                        SlicePlacement, TenantDemand)
 
 
 def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
@@ -42,47 +57,167 @@ def _tp_ok(model: str, tp: int) -> bool:
     return m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0
 
 
+def _served(rate: float, util: float) -> float:
+    """Requests per second a group at utilization `util` serves of `rate` offered."""
+    return rate * min(1.0, 1.0 / util) if util > 0 else rate
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """One tenant replica's predicted use of a device group (cost model, mean request)."""
+
+    util: float  # marginal busy seconds per second: prefills and each decoded token's own work
+    round_s: float  # one decode step at batch 1: the fixed cost (weight reads) of each round
+    kv_tokens: float  # per concurrent request, mean tokens held in the KV cache
+    rate: float  # requests per second sent to this replica
+    prefill_s: float
+    output: float
+
+
 @SCHEDULERS.register("temporal-mux")
 class TemporalMuxScheduler(Scheduler):
-    """Co-locates pairs of same-size containers: both tenants shard over the union of devices."""
+    """MuxServe-style co-location: pairs of same-size containers merge into one group on which
+    both tenants' weights stay resident (each sharded over the union of devices) and their
+    iterations are multiplexed in time, sharing the union's KV memory.
+
+    Which tenants share is decided from each tenant's load forecast (`TenantDemand`: arrival
+    rate and mean prompt/output lengths, split evenly over its replicas), priced with the cost
+    model as MuxServe prices its placements: on a group, a tenant's *utilization* u is
+    rate x (prefill of the mean prompt + mean output x the marginal cost of one decoded token),
+    and each decode round also pays the tenant's batch-1 step (its weight reads), so a group
+    whose tenants add up to U has a mean decode round (TPOT) of (sum of batch-1 steps) / (1 - U).
+    Greedy by popularity, as MuxServe's placement: the most loaded replica first takes the
+    same-size replica of another tenant whose merge gains the most, and then the least loaded:
+
+    - throughput first (MuxServe's objective): a group serves rate x min(1, 1/U) of each
+      tenant; a merge that serves more than the two containers apart (one was overloaded) is
+      taken;
+    - otherwise (both served either way) the merge only buys latency (twice the tensor
+      parallelism), and is taken only with merged U at most `max_util` and the merged round
+      within each tenant's TPOT SLO (absolute, or its SLA scale x its batch-1 step alone);
+    - memory, always: both tenants' weights (sharded over the union) leave at least
+      `min_kv_frac` of the usable memory, and room for both tenants' KV working set before
+      queueing (Little's law: rate x (prefill + mean output x one round) x mean context).
+
+    A replica no mate fits stays alone. Without a forecast every load is zero and pairing
+    follows scenario order. Left out: MuxServe's unequal compute shares per tenant (SM
+    partitioning and its ADBS batching; here iterations simply interleave), its choice of
+    mesh sizes (containers keep the scenario's sizes, two merge into one of twice the size),
+    groups of more than two tenants, and re-planning when the load changes.
+    """
 
     name = "temporal-mux"
 
     def __init__(self, models: dict[str, str] | None = None, capacity_bytes: float = 80e9,
-                 utilization: float = 0.9) -> None:
+                 utilization: float = 0.9, *, device: str = "H100-80GB", devices_per_node: int = 8,
+                 intra_link: str = "nvlink4", inter_link: str = "ib-ndr",
+                 tpot_slo: Mapping[str, tuple[float | None, float]] | None = None, max_util: float = 0.8,
+                 min_kv_frac: float = 0.2) -> None:
         self.models = models or {}
         self.capacity = capacity_bytes
         self.utilization = utilization
+        self.device = device_spec(device)
+        self.devices_per_node = devices_per_node
+        self.links = (link_spec(intra_link), link_spec(inter_link))
+        self.tpot_slo = dict(tpot_slo or {})  # tenant -> (absolute TPOT SLO or None, SLA scale)
+        self.max_util = max_util  # a merge for latency keeps 1 - max_util of headroom for bursts
+        self.min_kv_frac = min_kv_frac
+        self._cost = None
 
     @classmethod
     def from_scenario(cls, scenario) -> "TemporalMuxScheduler":
-        from slicesched.hardware.specs import device_spec
+        c = scenario.cluster
+        return cls({t.name: t.model for t in scenario.tenants}, device_spec(c.device).memory_bytes,
+                   scenario.replay.gpu_memory_utilization, device=c.device, devices_per_node=c.devices_per_node,
+                   intra_link=c.intra_link, inter_link=c.inter_link,
+                   tpot_slo={t.name: (t.tpot_slo_s, t.sla_scale) for t in scenario.tenants})
 
-        return cls({t.name: t.model for t in scenario.tenants},
-                   device_spec(scenario.cluster.device).memory_bytes, scenario.replay.gpu_memory_utilization)
+    def deployment(self, default: Replicas, demand: Mapping[str, TenantDemand] | None = None) -> Replicas:
+        demand = demand or {}
+        count: dict[str, int] = {}
+        for t, _ in default:
+            count[t] = count.get(t, 0) + 1
+        idle = TenantDemand(0.0, 0.0, 0.0)
 
-    def deployment(self, default: Replicas) -> Replicas:
-        out, pending = [], list(default)
-        while pending:
-            t, devs = pending.pop(0)
-            mate = next((p for p in pending if len(p[1]) == len(devs) and p[0] != t and self._fits(t, p[0], devs + p[1])), None)
-            if mate is None:
-                out.append((t, devs))
+        def share(i: int, tp_devices: tuple[int, ...]) -> _Share | None:
+            t = default[i][0]
+            d = demand.get(t, idle)
+            return self._share(t, TenantDemand(d.rate_rps / count[t], d.mean_prompt, d.mean_output), tp_devices)
+
+        alone = [share(i, devs) for i, (_, devs) in enumerate(default)]
+        order = sorted(range(len(default)), key=lambda i: -(alone[i].util if alone[i] else 0.0))  # stable
+        mate: dict[int, int] = {}
+        for i in order:
+            if i in mate:
                 continue
-            pending.remove(mate)
-            union = tuple(sorted(devs + mate[1]))
-            out += [(t, union), (mate[0], union)]
+            t, devs = default[i]
+            best = None
+            for j in order:
+                u, du = default[j]
+                if j == i or j in mate or u == t or len(du) != len(devs):
+                    continue
+                union = tuple(sorted(devs + du))
+                fit = self._merge_gain(t, u, share(i, union), share(j, union), alone[i], alone[j], union)
+                if fit is not None and (best is None or (-fit[0], fit[1], j) < best[0]):
+                    best = ((-fit[0], fit[1], j), j)  # most gained, then least loaded, then listed first
+            if best is not None:
+                mate[i], mate[best[1]] = best[1], i
+        out = []
+        for i, (t, devs) in enumerate(default):
+            out.append((t, tuple(sorted(devs + default[mate[i]][1])) if i in mate else devs))
         return tuple(out)
 
-    def _fits(self, a: str, b: str, devices: tuple[int, ...]) -> bool:
-        """Both models shard over the union and their weights leave >= 20% of it for KV."""
-        if a not in self.models or b not in self.models:
-            return False
+    def _share(self, tenant: str, d: TenantDemand, devices: tuple[int, ...]) -> _Share | None:
+        """The replica's predicted use of `devices` (None: the model cannot shard over them)."""
+        if tenant not in self.models or not _tp_ok(self.models[tenant], len(devices)):
+            return None
+        m, tp = model_spec(self.models[tenant]), len(devices)
+        cross = len({x // self.devices_per_node for x in devices}) > 1
+        link = self.links[1] if cross else (self.links[0] if tp > 1 else link_spec("local"))
+        if self._cost is None:
+            from slicesched.cost import make_cost_model  # the schedulers' own model, as SliceScheduler's
+
+            self._cost = make_cost_model()
+        prompt = max(int(round(d.mean_prompt)), 1)
+        ctx = prompt + int(d.mean_output) // 2
+
+        def secs(shape: BatchShape) -> float:
+            return float(self._cost.op_times(build_iteration(m, shape, tp), self.device, link).sum())
+
+        prefill = secs(BatchShape(np.array([prompt]), np.array([0]), 1))
+        step1, step32 = secs(BatchShape.decode(1, ctx)), secs(BatchShape.decode(32, ctx))
+        per_token = max(step32 - step1, 0.0) / 31
+        util = d.rate_rps * (prefill + d.mean_output * per_token)
+        return _Share(util, step1, ctx, d.rate_rps, prefill, d.mean_output)
+
+    def _merge_gain(self, a: str, b: str, sa: _Share | None, sb: _Share | None, alone_a: _Share | None,
+                    alone_b: _Share | None, devices: tuple[int, ...]) -> tuple[float, float] | None:
+        """(requests per second served beyond the two apart, merged U) of a and b on the union,
+        or None where the pair does not fit."""
+        if sa is None or sb is None or alone_a is None or alone_b is None:
+            return None
         tp = len(devices)
-        if not (_tp_ok(self.models[a], tp) and _tp_ok(self.models[b], tp)):
-            return False
-        w = sum(block_weight_bytes(model_spec(self.models[x]), tp).sum() for x in (a, b))
-        return w <= 0.8 * self.capacity * self.utilization
+        ma, mb = model_spec(self.models[a]), model_spec(self.models[b])
+        usable = self.capacity * self.utilization
+        w = sum(float(block_weight_bytes(m, tp).sum()) for m in (ma, mb))
+        if w > (1 - self.min_kv_frac) * usable:
+            return None
+        u = sa.util + sb.util
+        gain = _served(sa.rate + sb.rate, u) - _served(alone_a.rate, alone_a.util) - _served(alone_b.rate, alone_b.util)
+        if gain <= 1e-9 * (sa.rate + sb.rate):  # no throughput to win: a latency merge, with headroom
+            rnd = (sa.round_s + sb.round_s) / (1 - u) if u < 1 else float("inf")
+            if u > self.max_util or rnd > min(self._slo(a, alone_a), self._slo(b, alone_b)):
+                return None
+            gain = 0.0
+        # Little's law, before queueing: requests in flight = rate x (prefill + output x one round)
+        kv = sum(s.rate * (s.prefill_s + s.output * (sa.round_s + sb.round_s)) * s.kv_tokens
+                 * m.kv_bytes_per_token() / tp for s, m in ((sa, ma), (sb, mb)))
+        return (gain, u) if kv <= usable - w else None
+
+    def _slo(self, tenant: str, alone: _Share) -> float:
+        """The tenant's TPOT SLO: absolute, or its SLA scale x its batch-1 step on its own container."""
+        absolute, scale = self.tpot_slo.get(tenant, (None, 5.0))
+        return absolute or scale * alone.round_s
 
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         return SchedulerDecision(now, home_placements(gmg))
@@ -90,49 +225,142 @@ class TemporalMuxScheduler(Scheduler):
 
 @SCHEDULERS.register("realloc")
 class ReallocScheduler(Scheduler):
-    """Every `interval_s`, moves one replica from the least pressured tenant that has a spare
-    one to the most pressured tenant, if the pressure gap is large (hysteresis)."""
+    """A request-driven autoscaler at container granularity (Knative / KServe style for LLMs).
+
+    Every `interval_s` it reads each replica's queue (waiting requests), running requests and
+    KV-cache use, the metrics vLLM exports for autoscaling, and starts at most one move:
+
+    - a tenant *needs* a replica when, at `scale_up_checks` consecutive checks, its queued +
+      running requests per active replica reach `scale_up_concurrency` (Knative's concurrency
+      target) or a replica's KV use reaches `scale_up_kv_frac`; a tenant with parked requests
+      and no replica (scaled to zero) needs one at once, between checks too (serverless
+      scale-from-zero on the first request);
+    - a tenant may *give* a replica when, over the last `donor_window_s`, it had no queued
+      request and its running requests and KV use, spread over one replica fewer, stayed under
+      `donor_concurrency` and `donor_kv_frac` (hysteresis: a quarter of the scale-up target);
+      its last replica only after `idle_to_zero_s` without any request (scale to zero); a
+      tenant at zero may take any tenant's spare (second or later) replica, calm, cooling
+      down or not;
+    - the neediest tenant (most requests per replica) takes the donor container that fits its
+      model (tensor-parallel split, weights leave `min_kv_frac` for KV), preferring one of its
+      own replicas' size, then the least loaded; the taker then sits out `cooldown_s` (neither
+      asks for more nor gives while its new replica loads and proves itself), the donor's calm
+      spell starts over.
+
+    The driver pays for each move: queued requests of the donor go to its other replicas at
+    once, running ones finish (drain), the weights load from host memory over each device's
+    PCIe link, then `warmup_s` of engine start-up. Left out: predictive scaling, scaling
+    several containers at once, and moving KV state (running requests are never migrated).
+    """
 
     name = "realloc"
 
-    def __init__(self, interval_s: float = 30.0, min_gap: float = 4.0, target_load: float = 16.0) -> None:
-        self.interval_s = interval_s
-        self.min_gap = min_gap  # hot pressure must exceed the donor's by this factor
-        self.target_load = target_load  # requests per replica above which a tenant wants more
-        self._next = interval_s
+    def __init__(self, settings=None, models: dict[str, str] | None = None, capacity_bytes: float = 80e9,
+                 utilization: float = 0.9) -> None:
+        from slicesched.config.scenario import ReallocConfig
+
+        self.cfg = settings or ReallocConfig()
+        self.models = models or {}
+        self.usable = capacity_bytes * utilization
+        self._next = 0.0
         self._view: ServingView | None = None
+        self._hot_streak: dict[str, int] = {}  # consecutive checks over a scale-up threshold
+        self._calm_since: dict[str, float] = {}  # start of the current spell as a possible donor
+        self._idle_since: dict[str, float] = {}  # start of the current spell without any request
+        self._frozen_until: dict[str, float] = {}  # cooldown after a move
 
     @classmethod
     def from_scenario(cls, scenario) -> "ReallocScheduler":
-        return cls(scenario.replay.realloc_interval_s)
+        from slicesched.hardware.specs import device_spec
+
+        return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants},
+                   device_spec(scenario.cluster.device).memory_bytes, scenario.replay.gpu_memory_utilization)
 
     def attach(self, view: ServingView) -> None:
         self._view = view
 
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         moves: tuple[ContainerMove, ...] = ()
-        if self._view is not None and now >= self._next:
-            self._next = now + self.interval_s
-            move = self._pick_move()
-            moves = (move,) if move else ()
+        if self._view is not None:
+            parked = {t: n for t, n in self._view.parked().items() if n}
+            if now >= self._next or parked:
+                tick = now >= self._next
+                if tick:
+                    self._next = now + self.cfg.interval_s
+                move = self._pick_move(now, parked, tick)
+                moves = (move,) if move else ()
         return SchedulerDecision(now, home_placements(gmg), container_moves=moves)
 
-    def _pick_move(self) -> ContainerMove | None:
-        """Pressure = queued + running requests per active replica (what request-based
-        autoscalers such as Knative's concurrency target watch)."""
-        reps = [r for r in self._view.replica_loads() if not r.draining]
-        per: dict[str, list] = {}
-        for r in reps:
-            per.setdefault(r.tenant, []).append(r)
-        pressure = {t: sum(x.waiting + x.running for x in rs) / len(rs) for t, rs in per.items()}
-        hot = max(pressure, key=pressure.get, default=None)
-        if hot is None or pressure[hot] < self.target_load:
-            return None
-        size = len(per[hot][0].devices)
-        donors = [t for t, rs in per.items() if t != hot and len(rs) > 1 and len(rs[0].devices) == size
-                  and pressure[hot] >= self.min_gap * max(pressure[t], 1.0)]
-        if not donors:
-            return None
-        cold = min(donors, key=pressure.get)
-        victim = min(per[cold], key=lambda x: x.waiting + x.running)
-        return ContainerMove(victim.devices, cold, hot)
+    def _pick_move(self, now: float, parked: dict[str, int], tick: bool) -> ContainerMove | None:
+        cfg = self.cfg
+        per: dict[str, list[ReplicaLoad]] = {}
+        for r in self._view.replica_loads():
+            if not r.draining and not r.guest:
+                per.setdefault(r.tenant, []).append(r)
+        if tick:
+            self._observe(per, now)
+        ready = lambda t: self._frozen_until.get(t, -1.0) <= now  # noqa: E731
+        load = {t: sum(x.waiting + x.running for x in rs) / len(rs) for t, rs in per.items()}
+        needy = [t for t in parked if t not in per and ready(t)]
+        if tick:  # between checks only a scale-from-zero acts
+            needy += sorted((t for t in per if self._hot_streak.get(t, 0) >= cfg.scale_up_checks and ready(t)),
+                            key=lambda t: -load[t])
+        for hot in needy:
+            move = self._donor_for(hot, per, now, ready)
+            if move is not None:
+                self._frozen_until[hot] = now + cfg.cooldown_s  # its new replica first loads and warms up
+                self._hot_streak[hot] = 0
+                self._calm_since.pop(move.from_tenant, None)
+                self._idle_since.pop(move.from_tenant, None)
+                return move
+        return None
+
+    def _observe(self, per: dict[str, list[ReplicaLoad]], now: float) -> None:
+        """Update each tenant's scale-up streak and its calm and idle spells at a check."""
+        cfg = self.cfg
+        for t, rs in per.items():
+            waiting, running = sum(x.waiting for x in rs), sum(x.running for x in rs)
+            over = ((waiting + running) / len(rs) >= cfg.scale_up_concurrency
+                    or max(x.kv_used_frac for x in rs) >= cfg.scale_up_kv_frac)
+            self._hot_streak[t] = self._hot_streak.get(t, 0) + 1 if over else 0
+            rest = max(len(rs) - 1, 1)
+            kv_after = sum(x.kv_used_frac for x in rs) / rest
+            if waiting == 0 and running / rest <= cfg.donor_concurrency and kv_after <= cfg.donor_kv_frac:
+                self._calm_since.setdefault(t, now)
+            else:
+                self._calm_since.pop(t, None)
+            if waiting + running == 0:
+                self._idle_since.setdefault(t, now)
+            else:
+                self._idle_since.pop(t, None)
+
+    def _donor_for(self, hot: str, per: dict[str, list[ReplicaLoad]], now: float, ready) -> ContainerMove | None:
+        cfg = self.cfg
+        size = len(per[hot][0].devices) if hot in per else None
+        best = None
+        for t, rs in per.items():
+            from_zero = hot not in per  # each tenant is owed one replica: any spare one, cooling or not
+            if t == hot or not (ready(t) or from_zero):
+                continue
+            if len(rs) > 1:
+                ok = from_zero or (t in self._calm_since and now - self._calm_since[t] >= cfg.donor_window_s)
+            else:
+                ok = t in self._idle_since and now - self._idle_since[t] >= cfg.idle_to_zero_s
+            if not ok:
+                continue
+            for r in rs:
+                if not self._fits(hot, r.devices):
+                    continue
+                key = (len(r.devices) != size, r.kv_used_frac, r.waiting + r.running)
+                if best is None or key < best[0]:
+                    best = (key, r)
+        return ContainerMove(best[1].devices, best[1].tenant, hot) if best else None
+
+    def _fits(self, tenant: str, devices: tuple[int, ...]) -> bool:
+        """The tenant's model shards over `devices` and its weights leave room for KV cache."""
+        if tenant not in self.models:
+            return True  # unknown model (tests): any container
+        model = self.models[tenant]
+        if not _tp_ok(model, len(devices)):
+            return False
+        return float(block_weight_bytes(model_spec(model), len(devices)).sum()) <= (1 - self.cfg.min_kv_frac) * self.usable

@@ -11,7 +11,7 @@ executor implement the same `Backend`, so any scheduler drives either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -56,10 +56,23 @@ class WeightEviction:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantDemand:
+    """An operator's load forecast for one tenant, known before the run (MuxServe plans its
+    placement from such known arrival rates): mean requests per second and mean prompt and
+    output tokens per request. Never the requests themselves."""
+
+    rate_rps: float
+    mean_prompt: float
+    mean_output: float
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerMove:
-    """Container-granularity reallocation: the replica of `from_tenant` on `devices` drains,
-    then `to_tenant`'s weights are loaded there and it serves as a new replica. The driver
-    carries it out and pays its costs (drain, weight load, warm-up)."""
+    """Container-granularity reallocation: the replica of `from_tenant` on `devices` drains
+    (its queued requests go to the tenant's other replicas at once, running ones finish), then
+    `to_tenant`'s weights are loaded there and it serves as a new replica (tensor-parallel over
+    `devices`). The driver carries it out and pays its costs (drain, weight load, warm-up). A
+    tenant's last replica may move (scale to zero): its later arrivals wait for a replica."""
 
     devices: tuple[int, ...]
     from_tenant: str
@@ -210,6 +223,11 @@ class ServingView(Protocol):
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]: ...
 
+    def parked(self) -> Mapping[str, int]:
+        """Per tenant without a serving replica (scaled to zero, or its only container moving):
+        requests that arrived and wait for one."""
+        ...
+
 
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
@@ -221,10 +239,12 @@ class Scheduler(ABC):
         """Build with the scenario's settings; schedulers without settings take none."""
         return cls()
 
-    def deployment(self, default: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    def deployment(self, default: tuple[tuple[str, tuple[int, ...]], ...],
+                   demand: "Mapping[str, TenantDemand] | None" = None) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """Called once by the driver before the run with the scenario's replicas as
-        (tenant, devices) pairs; returns the replicas to serve with. Container-granularity
-        baselines change the packing here (e.g. co-location); the default keeps it."""
+        (tenant, devices) pairs and, where known, each tenant's load forecast; returns the
+        replicas to serve with. Container-granularity baselines change the packing here (e.g.
+        load-aware co-location); the default keeps it."""
         return default
 
     def wants_every_slice(self) -> bool:
