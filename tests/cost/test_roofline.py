@@ -45,11 +45,25 @@ def test_transfer_time_is_latency_plus_bytes_over_bandwidth():
 
 
 def test_ring_allreduce_time():
-    cm = RooflineCostModel(link_eff=1.0)
+    cm = RooflineCostModel(collective_link_eff=1.0, allreduce_floor_s=40e-6, allreduce_step_s=2e-6)
     link = LINKS["nvlink4"]
-    # 2(p-1) steps of n/p bytes each
-    assert cm.allreduce_time(4e9, 4, link) == pytest.approx(6 * (link.latency_s + 1e9 / 450e9))
+    # a floor, then 2(p-1) steps of n/p bytes each
+    assert cm.allreduce_time(4e9, 4, link) == pytest.approx(40e-6 + 6 * (2e-6 + 1e9 / 450e9))
     assert cm.allreduce_time(4e9, 1, link) == 0.0
+
+
+def test_small_allreduce_costs_its_floor():
+    """Measured NCCL all-reduces of a few KB take tens of microseconds, not the link latency."""
+    cm = RooflineCostModel()
+    assert cm.allreduce_time(2048, 2, LINKS["nvlink3"]) >= 40e-6
+
+
+def test_residual_add_has_no_blanket_launch_overhead():
+    """An add of a decode batch is a ~2 us kernel (A100 profiles), not 4 us + bandwidth time."""
+    cm, m = RooflineCostModel(), model_spec("llama-2-7b")
+    g = build_iteration(m, BatchShape.decode(1, 100))
+    t = cm.op_times(g, DEVICES["A100-80GB"], LINKS["local"])[g.kind == OpKind.RESIDUAL_ADD]
+    assert (t < 3e-6).all()
 
 
 def test_tp_group_op_times_include_allreduce():

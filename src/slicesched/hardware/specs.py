@@ -21,7 +21,7 @@ class DeviceSpec:
     peak_flops: float  # dense bf16 FLOP/s
     mem_bandwidth: float  # HBM bytes/s
     memory_bytes: int
-    launch_overhead_s: float = 4e-6  # kernel launch + scheduling gap per op
+    launch_overhead_s: float = 2e-6  # fixed cost of the smallest kernel (launch + scheduling gap)
 
     def __post_init__(self) -> None:
         if self.peak_flops <= 0 or self.mem_bandwidth <= 0 or self.memory_bytes <= 0:
@@ -40,7 +40,8 @@ class LinkSpec:
         return self.latency_s + nbytes / self.bandwidth if nbytes > 0 else 0.0
 
 
-# Data sheets: NVIDIA A100 (2020, 40GB/80GB SXM), H100 SXM5 (2022), H200 SXM (2024), L40S (2023).
+# Data sheets: NVIDIA A100 (2020, 40GB/80GB SXM), H100 SXM5 (2022), H200 SXM (2024), L40S (2023),
+# A40 (2020).
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
@@ -49,6 +50,7 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB),
         DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB),
         DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB),
+        DeviceSpec("A40", 149.7 * TFLOPS, 696 * GB, 48 * GB),
         # A CPU worker standing in for a device (executor tests): nominal, calibrate before use.
         DeviceSpec("cpu", 1 * TFLOPS, 100 * GB, 64 * GiB, launch_overhead_s=20e-6),
     )
