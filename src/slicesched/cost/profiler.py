@@ -135,28 +135,29 @@ def graph_rows(g: IterationGraph) -> dict[str, np.ndarray]:
             "weight_bytes": cols["weight_bytes"], "seqs": cols["seqs"]}
 
 
-def profile_local(widths: Iterable[Width] = GRID_WIDTHS, steps: Iterable[Step] = GRID_STEPS, repeats: int = 15,
-                  on_progress: Callable[[str], None] | None = None) -> Profile:
-    """Measure every op of every (width, step) on this machine's CPU and return the profile."""
-    import torch
-
+def prepare_grid(widths: Iterable[Width] = GRID_WIDTHS, steps: Iterable[Step] = GRID_STEPS,
+                 on_progress: Callable[[str], None] | None = None) -> list[Prepared]:
     items = []
+    steps = tuple(steps)
     for w in widths:
         model = llama(w)
         for s in steps:
             if on_progress:
                 on_progress(f"capture h{w.hidden} {s.phase} b{s.batch}x{s.new}+{s.context}")
             items.append(prepare(model, w, s))
-    if on_progress:
-        on_progress(f"time {len(items)} steps x {repeats}")
-    times = time_slices(items, repeats)
+    return items
+
+
+def profile_of(items: Sequence[Prepared], times: Sequence[np.ndarray]) -> Profile:
+    """The profile rows of measured op-grain steps (`times`: per step, seconds of every op)."""
+    import torch
+
     frames = []
     for it, t in zip(items, times):
         g = it.graph
         if g.num_slices != g.num_ops:
             raise ValueError("profiling needs op-grain programs (one op per slice)")
-        cols = graph_rows(g)
-        df = pd.DataFrame(cols)
+        df = pd.DataFrame(graph_rows(g))
         df["model"] = f"llama-h{it.width.hidden}-kv{it.width.kv_heads}"
         df["time_s"] = t
         frames.append(df)
@@ -165,6 +166,15 @@ def profile_local(widths: Iterable[Width] = GRID_WIDTHS, steps: Iterable[Step] =
     df.insert(0, "torch_version", torch.__version__)
     df.insert(0, "device", "cpu")
     return Profile(df[df["time_s"] > 0], "local")
+
+
+def profile_local(widths: Iterable[Width] = GRID_WIDTHS, steps: Iterable[Step] = GRID_STEPS, repeats: int = 15,
+                  on_progress: Callable[[str], None] | None = None) -> Profile:
+    """Measure every op of every (width, step) on this machine's CPU and return the profile."""
+    items = prepare_grid(widths, steps, on_progress)
+    if on_progress:
+        on_progress(f"time {len(items)} steps x {repeats}")
+    return profile_of(items, time_slices(items, repeats))
 
 
 def device_name() -> str:
