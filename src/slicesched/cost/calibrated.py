@@ -181,8 +181,7 @@ def fit_profile(profile: Profile, residuals: bool = True) -> dict[tuple[str, str
     where = np.where(net, df["link"].to_numpy(str), df["device"].to_numpy(str))
     fits = {}
     for (w, lab), idx in pd.DataFrame({"w": where, "lab": labels}).groupby(["w", "lab"]).indices.items():
-        if len(idx) >= 3:
-            fits[(w, lab)] = fit_kind(family(lab), df.iloc[idx], residuals)
+        fits[(w, lab)] = fit_kind(family(lab), df.iloc[idx], residuals)
     return fits
 
 

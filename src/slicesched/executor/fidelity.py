@@ -127,7 +127,8 @@ def simulate(items: Sequence[tuple[str, Prepared]], cost: CostModel) -> tuple[li
         if kv:
             sim.alloc_kv(0, kv, name)
         t0 = sim.now
-        h = sim.add_iteration(it.graph, home=0)
+        graph = it.graph if it.graph.tenant == name else dataclasses.replace(it.graph, tenant=name)
+        h = sim.add_iteration(graph, home=0)
         out = sim.execute(SchedulerDecision(sim.now, (SlicePlacement(h.slice_base, 0, h.num_slices),)), wake="iteration")
         while h.key not in out.finished_iterations:
             out = sim.execute(SchedulerDecision(sim.now), wake="iteration")

@@ -65,7 +65,7 @@ class RunSummary:
 def run_one(sc: Scenario, spec: RunSpec, duration_s: float | None = None,
             progress: Callable[[float], None] | None = None) -> RunSummary:
     """One replay; the SLAs come from the scenario alone so every scheduler is judged alike."""
-    cost = make_cost_model("roofline")
+    cost = make_cost_model("calibrated", profile=sc.cluster.profile) if sc.cluster.profile else make_cost_model("roofline")
     trace = scenario_trace(sc, spec.rate_scale, duration_s)
     slas = isolated_slas(sc, cost, scenario_trace(sc, 1.0, duration_s))
     driver = ReplayDriver(sc, make_scheduler(spec.scheduler, sc), trace, rate_scale=spec.rate_scale, cost=cost,
