@@ -103,7 +103,10 @@ def residual_key_x(fam: str, cols: dict[str, np.ndarray], rows: np.ndarray, work
 def nnls_relative(X: np.ndarray, t: np.ndarray, rounds: int = 8) -> np.ndarray:
     """Non-negative theta minimizing relative error |X theta / t - 1|, reweighted toward L1.
 
-    Few features, so the non-negative solution is found exactly by trying every support."""
+    Few features, so the non-negative solution is found exactly by trying every support, fewest
+    features first; a support must beat the best so far by 1% to replace it, so that features
+    collinear in the data (FLOPs and bytes of one kind of activation) do not take a share that
+    another shape (another activation) would expose: the earlier, physically primary one wins."""
     A = X / t[:, None]
     scale = np.linalg.norm(A, axis=0)
     scale[scale == 0] = 1.0
@@ -120,7 +123,7 @@ def nnls_relative(X: np.ndarray, t: np.ndarray, rounds: int = 8) -> np.ndarray:
                 if (sol < 0).any():
                     continue
                 err = float((w * (A[:, s] @ sol - 1) ** 2).sum())
-                if err < best_err:
+                if err < best_err * (1 - 1e-2):  # ties go to fewer, earlier features
                     best, best_err = (s, sol), err
         theta = np.zeros(X.shape[1])
         if best is not None:
@@ -138,11 +141,13 @@ class KindFit:
     theta: np.ndarray
     table: dict[float, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # key -> (log x, log ratio)
 
+    pooled: tuple[np.ndarray, np.ndarray] | None = None  # (log x, log ratio) over every shape
+
     def predict(self, cols: dict[str, np.ndarray], key: np.ndarray, x: np.ndarray) -> np.ndarray:
         t = feature_matrix(self.family, cols) @ self.theta
         if self.table:
             for k in np.unique(key):
-                tab = self.table.get(float(k))
+                tab = self.table.get(float(k), self.pooled)
                 if tab is not None:
                     m = key == k
                     t[m] *= np.exp(np.interp(np.log(np.maximum(x[m], 1e-30)), *tab))
@@ -167,10 +172,15 @@ def fit_kind(fam: str, df: pd.DataFrame, residuals: bool = True) -> KindFit:
     lx = np.log(np.maximum(x, 1e-30))
     table = {}
     frame = pd.DataFrame({"key": key, "bin": np.round(lx * 8), "lx": lx, "r": ratio})
+    per_key = []
     for k, g in frame.groupby("key"):
         med = g.groupby("bin").agg(lx=("lx", "median"), r=("r", "median")).sort_values("lx")
         table[float(k)] = (med["lx"].to_numpy(), med["r"].to_numpy())
-    return KindFit(fam, theta, table)
+        per_key.append(med)
+    # Shapes never measured: the efficiency curve by size that every measured shape shares (the
+    # median over shapes of their corrections), e.g. a CPU's matrix-vector path at one row.
+    pooled = pd.concat(per_key).groupby("bin").agg(lx=("lx", "median"), r=("r", "median")).sort_values("lx")
+    return KindFit(fam, theta, table, (pooled["lx"].to_numpy(), pooled["r"].to_numpy()))
 
 
 def fit_profile(profile: Profile, residuals: bool = True) -> dict[tuple[str, str], KindFit]:

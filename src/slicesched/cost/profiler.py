@@ -7,7 +7,8 @@ one op per slice. Every op becomes a profile row with the features the capture c
 bytes, weight bytes), so a model fitted to the profile answers the simulator about captured
 graphs in the same terms: GEMMs by M, N, K (the projections and MLP of each width, M the
 tokens), attention prefill and decode by batch, context and heads, and the element-wise ops.
-Times are medians over repeats, interleaved across repeats so that machine noise hits all alike.
+Times are medians over repeats of the thread's CPU time, interleaved across repeats so that
+machine noise hits all alike.
 """
 
 from __future__ import annotations
@@ -103,13 +104,20 @@ def prepare(model, width: Width, step: Step, grain: Grain = Grain.OP, seed: int 
     return Prepared(width, step, program, flat, captured.graph, kv_bytes)
 
 
-def time_slices(items: Sequence[Prepared], repeats: int, executor=None) -> list[np.ndarray]:
-    """Per item, the median seconds of every slice over `repeats` runs (round-robin, after warm-up)."""
+def time_slices(items: Sequence[Prepared], repeats: int, executor=None, clock: str = "thread") -> list[np.ndarray]:
+    """Per item, the median seconds of every slice over `repeats` runs (round-robin, after warm-up).
+
+    `clock="thread"` times slices by the running thread's CPU time (`time.thread_time`): what an
+    op costs on a device of its own, as the simulator models it, undisturbed by other processes
+    preempting this one on a shared machine (the wall clock, `"wall"`, counts their time too).
+    """
+    import time
+
     import torch
 
     from slicesched.executor import Executor
 
-    ex = executor or Executor(1)
+    ex = executor or Executor(1, clock=time.thread_time if clock == "thread" else time.perf_counter)
     samples: list[list[np.ndarray]] = [[] for _ in items]
     with torch.no_grad():
         for it in items:
