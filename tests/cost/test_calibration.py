@@ -135,3 +135,43 @@ def test_scoring_predicts_through_op_times() -> None:
     p = gemm_profile()
     pred = predict(RooflineCostModel(), p)
     assert np.isfinite(pred).all() and (pred > 0).all()
+
+
+def test_scenario_names_the_profile_and_replays_default_to_the_roofline(tmp_path: Path, monkeypatch) -> None:
+    import textwrap
+
+    from slicesched.config import load_scenario
+    from slicesched.replay import experiment
+
+    prof = gemm_profile().save(tmp_path / "prof.csv")
+    text = textwrap.dedent(f"""
+        [cluster]
+        device = "A100-80GB"
+        devices_per_node = 1
+        profile = "{prof}"
+        [[tenants]]
+        name = "a"
+        model = "llama-2-7b"
+        [[streams]]
+        source = "synthetic"
+        tenants = ["a"]
+        rate = 1.0
+        """)
+    (tmp_path / "s.toml").write_text(text)
+    sc = load_scenario(tmp_path / "s.toml")
+    assert sc.cluster.profile == str(prof)
+    made = []
+    real = experiment.make_cost_model
+
+    def spy(name="roofline", **kw):
+        made.append(name)
+        raise RuntimeError("stop")  # only the choice matters here
+
+    monkeypatch.setattr(experiment, "make_cost_model", spy)
+    with pytest.raises(RuntimeError, match="stop"):
+        experiment.run_one(sc, experiment.RunSpec("dedicated", 1.0))
+    with pytest.raises(RuntimeError, match="stop"):
+        experiment.run_one(sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"profile": None})}),
+                           experiment.RunSpec("dedicated", 1.0))
+    assert made == ["calibrated", "roofline"]
+    assert isinstance(real("calibrated", profile=str(prof)), CalibratedCostModel)

@@ -90,8 +90,8 @@ def residual_key_x(fam: str, cols: dict[str, np.ndarray], rows: np.ndarray, work
     """Shape key (what must match exactly) and size (what the correction is interpolated in)."""
     if fam == "gemm":
         return np.round(cols["weight_bytes"]), rows
-    if fam == "elementwise":
-        return np.round(cols["bytes"] / np.maximum(rows, 1)), rows
+    if fam == "elementwise":  # memory-bound: efficiency follows the bytes moved
+        return np.round(cols["bytes"] / np.maximum(rows, 1)), cols["bytes"]
     if fam == "all_reduce":
         return workers.astype(np.float64), cols["bytes"]
     seqs = np.maximum(np.asarray(cols["seqs"], np.float64), 1)
