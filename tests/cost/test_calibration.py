@@ -138,27 +138,13 @@ def test_scoring_predicts_through_op_times() -> None:
 
 
 def test_scenario_names_the_profile_and_replays_default_to_the_roofline(tmp_path: Path, monkeypatch) -> None:
-    import textwrap
-
-    from slicesched.config import load_scenario
+    from slicesched.config import parse_scenario
     from slicesched.replay import experiment
 
     prof = gemm_profile().save(tmp_path / "prof.csv")
-    text = textwrap.dedent(f"""
-        [cluster]
-        device = "A100-80GB"
-        devices_per_node = 1
-        profile = "{prof}"
-        [[tenants]]
-        name = "a"
-        model = "llama-2-7b"
-        [[streams]]
-        source = "synthetic"
-        tenants = ["a"]
-        rate = 1.0
-        """)
-    (tmp_path / "s.toml").write_text(text)
-    sc = load_scenario(tmp_path / "s.toml")
+    sc = parse_scenario({"cluster": {"device": "A100-80GB", "devices_per_node": 1, "profile": str(prof)},
+                         "tenants": [{"name": "a", "model": "llama-2-7b"}],
+                         "streams": [{"source": "synthetic", "tenants": ["a"], "rate": 1.0}]})
     assert sc.cluster.profile == str(prof)
     made = []
     real = experiment.make_cost_model
