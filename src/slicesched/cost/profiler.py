@@ -49,9 +49,10 @@ class Step:
         return "decode" if self.new == 1 else "prefill"
 
 
-#: The default grid: three widths x prefill chunks and decode batches/contexts (~2 min on one core).
+#: The default grid: three widths x prefill chunks and decode batches x contexts (~3 min on one core).
 GRID_WIDTHS = (Width(128, 352, 4, 2), Width(256, 704, 8, 4), Width(512, 1408, 8, 8))
-GRID_STEPS = (Step(1, 16), Step(1, 64), Step(2, 128), Step(1, 1, 32), Step(4, 1, 128), Step(8, 1, 512))
+GRID_STEPS = (Step(1, 16), Step(1, 64), Step(2, 128),
+              *(Step(b, 1, c) for b in (1, 4, 8) for c in (32, 128, 512)))
 
 
 def llama(width: Width, seed: int = 0):
@@ -105,7 +106,7 @@ def prepare(model, width: Width, step: Step, grain: Grain = Grain.OP, seed: int 
 
 
 def time_slices(items: Sequence[Prepared], repeats: int, executor=None, clock: str = "thread") -> list[np.ndarray]:
-    """Per item, the median seconds of every slice over `repeats` runs (round-robin, after warm-up).
+    """Per item, the median seconds of every slice over `repeats` runs (rounds in shuffled order, after warm-up).
 
     `clock="thread"` times slices by the running thread's CPU time (`time.thread_time`): what an
     op costs on a device of its own, as the simulator models it, undisturbed by other processes
@@ -119,11 +120,13 @@ def time_slices(items: Sequence[Prepared], repeats: int, executor=None, clock: s
 
     ex = executor or Executor(1, clock=time.thread_time if clock == "thread" else time.perf_counter)
     samples: list[list[np.ndarray]] = [[] for _ in items]
+    order = np.random.default_rng(0)
     with torch.no_grad():
         for it in items:
             ex.run(it.program, it.flat, 0)
         for _ in range(repeats):
-            for i, it in enumerate(items):
+            for i in order.permutation(len(items)):  # a new order each round: no item always follows another
+                it = items[i]
                 rec = ex.run(it.program, it.flat, 0).report.slices
                 samples[i].append(np.array([r.end - r.start for r in rec]))
     if executor is None:

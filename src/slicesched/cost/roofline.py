@@ -2,8 +2,9 @@
 
 Achieved fractions depend on op kind and size: a GEMM with few rows (decode) cannot fill the
 tensor cores, so its compute efficiency ramps with the token count m as m / (m + m_half);
-memory-bound kernels reach a share of HBM bandwidth that depends on the kernel (a residual add
-streams at ~90%, a norm with its reduction or the embedding gather far less). Every kernel has
+memory-bound kernels reach a share of HBM bandwidth (a residual add ~90%), and kernels that run
+one block per token (norms, RoPE, the activation, the embedding gather) stream at most a few
+bytes per SM cycle (`DeviceSpec.sm_cycles_per_s`), which on an A100 is far below its HBM. Every kernel has
 a fixed floor instead of a blanket launch overhead: a few microseconds for element-wise work
 (`DeviceSpec.launch_overhead_s`), more for GEMMs and attention, ~50 us for an NCCL all-reduce.
 
@@ -28,11 +29,12 @@ from slicesched.hardware.specs import DeviceSpec, LinkSpec
 _IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin per call
 _IS_GEMM[GEMM_KINDS] = True
 
-#: Share of HBM bandwidth a memory-bound kernel of each kind reaches (a compromise between the
-#: A100 profiles, where norms, RoPE and the embedding gather stream far below peak, and the A40
-#: ones, where they come closer); other kinds `mem_eff`.
-_MEM_EFF = {OpKind.NORM: 0.55, OpKind.ROPE: 0.60, OpKind.MLP_ACT: 0.70, OpKind.RESIDUAL_ADD: 0.90,
-            OpKind.EMBED: 0.45}
+#: Share of HBM bandwidth a memory-bound kernel of each kind reaches; other kinds `mem_eff`.
+_MEM_EFF = {OpKind.NORM: 0.70, OpKind.RESIDUAL_ADD: 0.90}
+#: Bytes per SM cycle a kernel of each kind streams at most: norms, RoPE, the activation and
+#: the embedding gather run a block per token and are bound by SM throughput, not HBM (the
+#: A100 and A40 profiles agree in these units while their bandwidth shares differ 3x).
+_BYTES_PER_SM_CYCLE = {OpKind.NORM: 5.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 6.0, OpKind.EMBED: 3.0}
 
 
 @COST_MODELS.register("roofline")
@@ -63,9 +65,12 @@ class RooflineCostModel:
         attn = kind == OpKind.ATTENTION
         decode = bool((graph.shape.new_tokens <= 1).all())
         compute_eff[attn] = self.attn_decode_compute_eff if decode else self.attn_compute_eff
-        mem_eff = _mem_eff(self.mem_eff)[kind]
+        mem_eff, per_cycle = _lookups(self.mem_eff)
+        bandwidth = device.mem_bandwidth * mem_eff[kind]
+        if device.sm_cycles_per_s > 0:
+            bandwidth = np.minimum(bandwidth, device.sm_cycles_per_s * per_cycle[kind])
         t_compute = graph.flops / (device.peak_flops * compute_eff)
-        t_mem = (graph.bytes_read + graph.bytes_written) / (device.mem_bandwidth * mem_eff)
+        t_mem = (graph.bytes_read + graph.bytes_written) / bandwidth
         floor = np.full(len(kind), device.launch_overhead_s)
         floor[gemm] = max(self.gemm_floor_s, device.launch_overhead_s)
         floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
@@ -95,15 +100,17 @@ class RooflineCostModel:
         return self.allreduce_floor_s + 2 * (p - 1) * (self.allreduce_step_s + nbytes / p / (link.bandwidth * self.collective_link_eff))
 
 
-_MEM_EFF_CACHE: dict[float, np.ndarray] = {}
+_LOOKUPS: dict[float, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _mem_eff(default: float) -> np.ndarray:
-    """Bandwidth share by kind, as a lookup array (built once per default)."""
-    a = _MEM_EFF_CACHE.get(default)
+def _lookups(default: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bandwidth share and bytes per SM cycle by kind, as lookup arrays (built once per default)."""
+    a = _LOOKUPS.get(default)
     if a is None:
-        a = np.full(len(OpKind), default)
+        eff, cyc = np.full(len(OpKind), default), np.full(len(OpKind), np.inf)
         for k, v in _MEM_EFF.items():
-            a[k] = v
-        _MEM_EFF_CACHE[default] = a
+            eff[k] = v
+        for k, v in _BYTES_PER_SM_CYCLE.items():
+            cyc[k] = v
+        a = _LOOKUPS[default] = (eff, cyc)
     return a

@@ -73,14 +73,23 @@ def group_of(df: pd.DataFrame) -> np.ndarray:
     return np.where(kind == "all_reduce", np.char.add("all_reduce_tp", w), g)
 
 
-def error_table(model: CostModel, profile: Profile) -> pd.DataFrame:
-    """Per group: rows, median and p90 absolute relative error (%), median predicted/measured."""
+#: The groups of issue 12's error table: the four projection GEMMs, the element-wise ops.
+COARSE = {"qkv_proj": "gemm", "o_proj": "gemm", "mlp_up": "gemm", "mlp_down": "gemm", "norm": "elementwise",
+          "rope": "elementwise", "mlp_act": "elementwise", "residual_add": "elementwise", "embed": "elementwise"}
+
+
+def error_table(model: CostModel, profile: Profile, coarse: bool = False) -> pd.DataFrame:
+    """Per group: rows, median and p90 absolute relative error (%), median predicted/measured.
+    `coarse`: GEMMs and element-wise ops pooled (`COARSE`), the rest as `group_of`."""
     pred = predict(model, profile)
     df = profile.df
     meas = df["time_s"].to_numpy(np.float64)
     ok = np.isfinite(pred)
     err = np.abs(pred - meas) / meas * 100
-    frame = pd.DataFrame({"device": df["device"], "group": group_of(df), "err": err, "ratio": pred / meas})[ok]
+    group = group_of(df)
+    if coarse:
+        group = np.array([COARSE.get(g, g) for g in group])
+    frame = pd.DataFrame({"device": df["device"], "group": group, "err": err, "ratio": pred / meas})[ok]
     return (frame.groupby(["device", "group"])
             .agg(rows=("err", "size"), median_pct=("err", "median"), p90_pct=("err", lambda e: np.percentile(e, 90)),
                  ratio=("ratio", "median")).reset_index())
