@@ -187,8 +187,10 @@ def fidelity(
     repeats: int = typer.Option(15, min=1, help="timed runs per iteration (medians)"),
     out: Path = typer.Option(Path("runs/fidelity"), help="folder for iterations.csv, ops.csv, fidelity.png"),
 ) -> None:
-    """Run two small random-weight tenants on the CPU executor and in the simulator (calibrated on
-    this machine, grid and trace timed interleaved) and report the prediction errors."""
+    """Run small random-weight tenants on the CPU executor and in the calibrated simulator; report errors.
+
+    The cost model is calibrated on this machine: the profiling grid and the validation trace are
+    timed interleaved, the model is fitted to the grid alone."""
     import torch
     from rich.console import Console
     from rich.table import Table

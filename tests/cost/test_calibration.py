@@ -161,3 +161,18 @@ def test_scenario_names_the_profile_and_replays_default_to_the_roofline(tmp_path
                            experiment.RunSpec("dedicated", 1.0))
     assert made == ["calibrated", "roofline"]
     assert isinstance(real("calibrated", profile=str(prof)), CalibratedCostModel)
+
+
+@needs_vidur
+def test_allreduce_of_a_built_graph_matches_the_profiled_message_size() -> None:
+    """A TP-2 iteration's all-reduce costs what the profile measured for its message size."""
+    p = load_profile("shared:profiles/vidur").select(kind="all_reduce", link="nvlink3")
+    cm = CalibratedCostModel(p)
+    m = model_spec("llama-2-7b")
+    g = build_iteration(m, BatchShape.prefill(512), tp=2)
+    t = cm.op_times(g, DEVICES["A100-80GB"], LINKS["nvlink3"])[g.kind == OpKind.ALL_REDUCE]
+    size = 512 * m.hidden * 2
+    df = p.df[(p.df["workers"] == 2)]
+    near = df.iloc[(df["bytes"] - size).abs().argsort()[:8]]["time_s"].median()
+    assert t[0] == pytest.approx(near, rel=0.15)
+    assert t[0] == pytest.approx(cm.allreduce_time(size, 2, LINKS["nvlink3"]), rel=1e-9)

@@ -71,3 +71,15 @@ def test_tp_group_op_times_include_allreduce():
     g = build_iteration(m, BatchShape.decode(8, 100), tp=2)
     t = cm.op_times(g, H100, LINKS["nvlink4"])
     assert (t[g.kind == OpKind.ALL_REDUCE] > LINKS["nvlink4"].latency_s).all()
+
+
+def test_per_token_kernels_are_bound_by_sm_throughput_not_hbm():
+    """A norm of many tokens takes about as long on an A40 as on an A100 (Vidur's profiles: 0.18 vs
+    0.11 ms at 4096 x 4096) although the A100 has 2.9x the bandwidth; a residual add does not."""
+    cm, m = RooflineCostModel(), model_spec("llama-2-7b")
+    g = build_iteration(m, BatchShape.prefill(4096))
+    a100 = cm.op_times(g, DEVICES["A100-80GB"], LINKS["local"])
+    a40 = cm.op_times(g, DEVICES["A40"], LINKS["local"])
+    norm, add = g.kind == OpKind.NORM, g.kind == OpKind.RESIDUAL_ADD
+    assert (a40[norm] / a100[norm]).max() < 1.6
+    assert (a40[add] / a100[add]).min() > 2.5

@@ -204,7 +204,8 @@ def graph_features(graph: IterationGraph) -> tuple[dict[str, np.ndarray], np.nda
     rows = np.full(graph.num_ops, float(max(graph.shape.num_tokens, 1)))
     head = (graph.kind == OpKind.LM_HEAD) | (graph.kind == OpKind.SAMPLE)
     rows[head] = graph.shape.logits_seqs
-    b = graph.bytes_read + graph.bytes_written
+    # a collective's size is its message (as profiles give it), not what it reads and writes
+    b = np.where(graph.comm_bytes > 0, graph.comm_bytes, graph.bytes_read + graph.bytes_written)
     p = max(graph.tp, 1)
     cols = {"flops": graph.flops, "bytes": b, "weight_bytes": graph.weight_bytes,
             "act_bytes": np.maximum(b - graph.weight_bytes, 0), "seqs": np.full(graph.num_ops, float(graph.shape.num_seqs)),
