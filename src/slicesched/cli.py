@@ -247,6 +247,65 @@ def gmg(
                        f"{t[sel].sum() * 1e3:8.3f} ms")
 
 
+@app.command()
+def profile(
+    out: Path = typer.Option(Path("profiles/cpu.parquet"), help="profile file to write (.parquet or .csv)"),
+    repeats: int = typer.Option(15, min=1, help="timed runs per grid point (medians)"),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads"),
+) -> None:
+    """Measure op latencies on this machine (CPU) over a grid of shapes and save a profile."""
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from slicesched.cost.profiler import GRID_STEPS, GRID_WIDTHS, device_name, prepare_grid, profile_of, time_slices
+
+    torch.set_num_threads(threads)
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, transient=True) as bar:
+        task = bar.add_task("capturing", total=len(GRID_WIDTHS) * len(GRID_STEPS) + 1)
+        items = prepare_grid(on_progress=lambda what: bar.update(task, advance=1, description=what))
+        bar.update(task, description=f"timing {len(items)} steps x {repeats}")
+        prof = profile_of(items, time_slices(items, repeats))
+        bar.advance(task)
+    path = prof.save(out)
+    typer.echo(f"wrote {path}: {len(prof)} op timings on {device_name()} (torch {torch.__version__})")
+
+
+@app.command()
+def fidelity(
+    repeats: int = typer.Option(15, min=1, help="timed runs per iteration (medians)"),
+    out: Path = typer.Option(Path("runs/fidelity"), help="folder for iterations.csv, ops.csv, fidelity.png"),
+) -> None:
+    """Run small random-weight tenants on the CPU executor and in the calibrated simulator; report errors.
+
+    The cost model is calibrated on this machine: the profiling grid and the validation trace are
+    timed interleaved, the model is fitted to the grid alone."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from slicesched.cost.profiler import prepare_grid
+    from slicesched.executor.fidelity import calibrate_and_validate, plot, prepare_trace
+
+    torch.set_num_threads(1)
+    with Console(stderr=True).status("capturing and timing"):
+        report, _ = calibrate_and_validate(prepare_grid(), prepare_trace(), repeats)
+    table = Table(title="simulator vs executor (CPU)")
+    for c in ("tenant", "step", "measured ms", "simulated ms", "error %"):
+        table.add_column(c, justify="right")
+    for r in report.iterations.itertuples():
+        table.add_row(r.tenant, r.step, f"{r.measured_s * 1e3:.3f}", f"{r.predicted_s * 1e3:.3f}", f"{r.error_pct:+.1f}")
+    Console().print(table)
+    typer.echo(f"iteration error: median {report.iteration_median_pct:.1f}%, p90 {report.iteration_p90_pct:.1f}%")
+    typer.echo(f"peak memory: measured {report.measured_peak_bytes / 1e6:.2f} MB, simulated "
+               f"{report.predicted_peak_bytes / 1e6:.2f} MB ({report.peak_memory_pct:.2f}%)")
+    out.mkdir(parents=True, exist_ok=True)
+    report.iterations.to_csv(out / "iterations.csv", index=False)
+    report.ops.to_csv(out / "ops.csv", index=False)
+    plot(report, out / "fidelity.png")
+    typer.echo(f"wrote {out}/ (iterations.csv, ops.csv, fidelity.png)")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -43,6 +43,9 @@ class ClusterConfig(_Strict):
     devices_per_node: int = Field(8, ge=1, le=64, description="devices in each server")
     intra_link: str = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
     inter_link: str = Field("ib-ndr", description="network between servers")
+    profile: str | None = Field(None, description="measured op profile to calibrate the cost model on (a "
+                                "profile file, a folder in Vidur's layout, or 'shared:profiles/vidur'); "
+                                "default: the roofline model")
 
     @field_validator("device")
     @classmethod

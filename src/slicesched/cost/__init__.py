@@ -2,5 +2,8 @@
 
 from slicesched.cost.model import COST_MODELS, CostModel, make_cost_model
 from slicesched.cost.roofline import RooflineCostModel
+from slicesched.cost.calibrated import CalibratedCostModel  # registers "calibrated"
+from slicesched.cost.profile import Profile, load_profile
 
-__all__ = ["COST_MODELS", "CostModel", "make_cost_model", "RooflineCostModel"]
+__all__ = ["COST_MODELS", "CostModel", "make_cost_model", "RooflineCostModel", "CalibratedCostModel", "Profile",
+           "load_profile"]

@@ -21,7 +21,10 @@ class DeviceSpec:
     peak_flops: float  # dense bf16 FLOP/s
     mem_bandwidth: float  # HBM bytes/s
     memory_bytes: int
-    launch_overhead_s: float = 4e-6  # kernel launch + scheduling gap per op
+    launch_overhead_s: float = 2e-6  # fixed cost of the smallest kernel (launch + scheduling gap)
+    # streaming multiprocessors x boost clock: what bounds kernels that cannot fill HBM (norms,
+    # gathers run one block per token); 0: unknown (no such bound)
+    sm_cycles_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.peak_flops <= 0 or self.mem_bandwidth <= 0 or self.memory_bytes <= 0:
@@ -40,15 +43,17 @@ class LinkSpec:
         return self.latency_s + nbytes / self.bandwidth if nbytes > 0 else 0.0
 
 
-# Data sheets: NVIDIA A100 (2020, 40GB/80GB SXM), H100 SXM5 (2022), H200 SXM (2024), L40S (2023).
+# Data sheets: NVIDIA A100 (2020, 40GB/80GB SXM), H100 SXM5 (2022), H200 SXM (2024), L40S (2023),
+# A40 (2020).
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
-        DeviceSpec("A100-40GB", 312 * TFLOPS, 1555 * GB, 40 * GiB),
-        DeviceSpec("A100-80GB", 312 * TFLOPS, 2039 * GB, 80 * GiB),
-        DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB),
-        DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB),
-        DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB),
+        DeviceSpec("A100-40GB", 312 * TFLOPS, 1555 * GB, 40 * GiB, sm_cycles_per_s=108 * 1.41e9),
+        DeviceSpec("A100-80GB", 312 * TFLOPS, 2039 * GB, 80 * GiB, sm_cycles_per_s=108 * 1.41e9),
+        DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB, sm_cycles_per_s=132 * 1.98e9),
+        DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB, sm_cycles_per_s=132 * 1.98e9),
+        DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB, sm_cycles_per_s=142 * 2.52e9),
+        DeviceSpec("A40", 149.7 * TFLOPS, 696 * GB, 48 * GB, sm_cycles_per_s=84 * 1.74e9),
         # A CPU worker standing in for a device (executor tests): nominal, calibrate before use.
         DeviceSpec("cpu", 1 * TFLOPS, 100 * GB, 64 * GiB, launch_overhead_s=20e-6),
     )

@@ -87,7 +87,7 @@ def run_one(sc: Scenario, spec: RunSpec, duration_s: float | None = None,
             progress: Callable[[float], None] | None = None) -> RunSummary:
     """One replay; the SLAs come from the scenario alone so every scheduler is judged alike."""
     sc = with_seed(sc, spec.seed)
-    cost = make_cost_model("roofline")
+    cost = make_cost_model("calibrated", profile=sc.cluster.profile) if sc.cluster.profile else make_cost_model("roofline")
     window = sc.replay.duration_s if duration_s is None else duration_s
     trace = scenario_trace(sc, spec.rate_scale, window)
     stop = None if spec.stop_above is None else int(spec.stop_above * len(trace))
