@@ -156,7 +156,7 @@ def test_fork_does_not_depend_on_the_parent_holding_chains_as_segments() -> None
 
 def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
-    assert len(sim.log.iterations) > 50
+    assert sim.gmg._next_key > 50 and not sim.log.iterations  # recording nothing, it keeps no rows
     assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
     assert len(sim._sh.timing._timings) <= len(TENANTS)
 

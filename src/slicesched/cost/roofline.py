@@ -21,6 +21,28 @@ _IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin p
 _IS_GEMM[GEMM_KINDS] = True
 
 
+_MASKS: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _kind_masks(kind: np.ndarray, attn_eff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GEMM and LM-head op positions, and the compute efficiency of every other op, of a graph's
+    op kinds: cached for a builder template's read-only `kind` array (kept alive by the cache, so
+    its id stays its own), computed anew for any other."""
+    key = (id(kind), attn_eff)
+    hit = _MASKS.get(key)
+    if hit is not None and hit[0] is kind:
+        return hit[1:]
+    gemm = np.flatnonzero(_IS_GEMM[kind])
+    lm_head = np.flatnonzero(kind == OpKind.LM_HEAD)
+    base = np.full(len(kind), 0.25)
+    base[kind == OpKind.ATTENTION] = attn_eff
+    if not kind.flags.writeable:
+        if len(_MASKS) > 256:
+            _MASKS.clear()
+        _MASKS[key] = (kind, gemm, lm_head, base)
+    return gemm, lm_head, base
+
+
 @COST_MODELS.register("roofline")
 @dataclass(frozen=True, slots=True)
 class RooflineCostModel:
@@ -33,12 +55,12 @@ class RooflineCostModel:
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
         kind = graph.kind
         rows = float(max(graph.shape.num_tokens, 1))
-        compute_eff = np.full(len(kind), 0.25)  # element-wise work runs on CUDA cores
+        gemm, lm_head, base = _kind_masks(kind, self.attn_compute_eff)
+        compute_eff = base.copy()  # 0.25 (element-wise work runs on CUDA cores), attention's share
         gemm_eff = self.gemm_peak_eff * rows / (rows + self.gemm_half_rows)
-        compute_eff[_IS_GEMM[kind]] = gemm_eff
-        compute_eff[kind == OpKind.LM_HEAD] = self.gemm_peak_eff * graph.shape.logits_seqs / (
+        compute_eff[gemm] = gemm_eff
+        compute_eff[lm_head] = self.gemm_peak_eff * graph.shape.logits_seqs / (
             graph.shape.logits_seqs + self.gemm_half_rows)
-        compute_eff[kind == OpKind.ATTENTION] = self.attn_compute_eff
         t_compute = graph.flops / (device.peak_flops * compute_eff)
         t_mem = (graph.bytes_read + graph.bytes_written) / (device.mem_bandwidth * self.mem_eff)
         t = np.maximum(t_compute, t_mem) + device.launch_overhead_s

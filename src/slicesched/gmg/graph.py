@@ -54,6 +54,55 @@ class _LiveIteration:
     succ_idx: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class _Structure:
+    """What `add_iteration` takes from a graph's structure alone (edges, slicing, weight blocks),
+    shared by every iteration built from one builder template; arrays are read-only."""
+
+    pinned: tuple  # the graph arrays whose identity keys this entry (kept alive: ids stay unique)
+    local: np.ndarray
+    preds: np.ndarray
+    ready: np.ndarray
+    state: np.ndarray
+    first_ready: list[int]
+    last: np.ndarray  # last op of each slice
+    wb_lo: np.ndarray
+    wb_hi: np.ndarray
+    succ_ptr: np.ndarray
+    succ_idx: np.ndarray
+
+
+_STRUCTURES: dict[tuple[int, ...], _Structure] = {}
+
+
+def _structure(graph: IterationGraph) -> _Structure:
+    """Cached by the identity of the graph's structural arrays when they are read-only (a
+    tenant's iterations share its builder template's); a graph built by hand is computed anew."""
+    arrays = (graph.slice_of, graph.edge_src, graph.edge_dst, graph.wblock, graph.slice_first, graph.slice_count,
+              graph.slice_dep_src, graph.slice_dep_dst)
+    key = tuple(map(id, arrays))
+    st = _STRUCTURES.get(key)
+    if st is None:
+        n = graph.num_slices
+        src, dst = graph.slice_deps()
+        preds = np.bincount(dst, minlength=n)
+        ready = preds == 0
+        order = np.argsort(src, kind="stable")
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+        st = _Structure(
+            arrays, np.arange(n), preds, ready, np.where(ready, _READY, _PENDING), np.flatnonzero(ready).tolist(),
+            graph.slice_first + graph.slice_count - 1, np.minimum.reduceat(graph.wblock, graph.slice_first),
+            np.maximum.reduceat(graph.wblock, graph.slice_first), ptr, dst[order].astype(np.int64))
+        for a in (st.local, st.preds, st.ready, st.state, st.last, st.wb_lo, st.wb_hi, st.succ_ptr, st.succ_idx):
+            a.flags.writeable = False
+        if all(a is None or not a.flags.writeable for a in arrays):  # identity implies equal contents
+            if len(_STRUCTURES) > 256:
+                _STRUCTURES.clear()
+            _STRUCTURES[key] = st  # `pinned` keeps the arrays alive, so their ids stay theirs
+    return st
+
+
 _FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_bytes", "kv_bytes")
 _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
              ("group", np.int32), ("home", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
@@ -180,9 +229,11 @@ class _IntervalLog:
             if isinstance(s, np.ndarray):
                 run_s = None
                 if len(s) > 1:  # a chain is mostly back to back: merge it here, once for all devices
-                    cut = np.flatnonzero(s[1:] != e[:-1]) + 1
-                    if len(cut) < len(s) - 1:
-                        s, e = s[np.r_[0, cut]], e[np.r_[cut - 1, len(e) - 1]]
+                    cut = np.flatnonzero(s[1:] != e[:-1])
+                    if not len(cut):
+                        s, e = s[:1], e[-1:]
+                    elif len(cut) < len(s) - 1:
+                        s, e = s[np.append(0, cut + 1)], e[np.append(cut, len(e) - 1)]
                 for d in devices:
                     devs.append(d)
                     lens.append(len(s))
@@ -392,31 +443,26 @@ class GlobalMappingGraph:
         lo = base & self._mask
         # no wrap around the ring: a plain slice writes much faster than an index array
         idx = slice(lo, lo + n) if lo + n <= self._cap else np.arange(base, base + n) & self._mask
-        src, dst = graph.slice_deps()
-        preds = np.bincount(dst, minlength=n)
-        ready = preds == 0
+        st = _structure(graph)
         c = self._cols
         c["tenant"][idx] = self.tenant_index[graph.tenant]
         c["iteration"][idx] = key
-        c["local"][idx] = np.arange(n)
-        c["state"][idx] = np.where(ready, _READY, _PENDING)
+        c["local"][idx] = st.local
+        c["state"][idx] = st.state
         c["group"][idx] = -1
         c["home"][idx] = home
-        c["preds_left"][idx] = preds
-        c["ready_t"][idx] = np.where(ready, now, np.inf)
+        c["preds_left"][idx] = st.preds
+        c["ready_t"][idx] = np.where(st.ready, now, np.inf)
         c["start_t"][idx] = np.inf
         c["end_t"][idx] = np.inf
         c["flops"][idx] = graph.slice_sum(graph.flops)
         c["weight_bytes"][idx] = graph.slice_sum(graph.weight_bytes)
-        c["out_bytes"][idx] = graph.out_bytes[graph.slice_first + graph.slice_count - 1]
+        c["out_bytes"][idx] = graph.out_bytes.take(st.last)
         c["kv_bytes"][idx] = graph.slice_sum(graph.kv_write_bytes)
-        c["wb_lo"][idx] = np.minimum.reduceat(graph.wblock, graph.slice_first)
-        c["wb_hi"][idx] = np.maximum.reduceat(graph.wblock, graph.slice_first)
-        order = np.argsort(src, kind="stable")
-        ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-        self.iterations[key] = _LiveIteration(graph, base, n, ptr, dst[order].astype(np.int64))
-        self._ready.update((np.flatnonzero(ready) + base).tolist())
+        c["wb_lo"][idx] = st.wb_lo
+        c["wb_hi"][idx] = st.wb_hi
+        self.iterations[key] = _LiveIteration(graph, base, n, st.succ_ptr, st.succ_idx)
+        self._ready.update([base + j for j in st.first_ready])
         return IterationHandle(key, graph.tenant, base, n)
 
     def iteration_of(self, slice_id: int) -> tuple[_LiveIteration, int]:
