@@ -13,6 +13,7 @@ from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.driver import ReplayDriver
 from slicesched.replay.experiment import RunSpec, _summarize, run_one
+from slicesched.replay.workload import scenario_trace
 from slicesched.replay.report import comparison_table
 from slicesched.sched import make_scheduler
 from slicesched.serving import RequestState, harvest_share
@@ -266,3 +267,70 @@ def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
     free = next(rs.engine.kv.num_free for rs in drv.replicas if rs.replica.tenant == "b")
     (owner, n), = drv._borrow(b_devs, 1e9)  # one owner holds both devices: lent once, not refused
     assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n
+
+
+# ---- bounded memory ----------------------------------------------------------------------------
+
+class _RawBusyLog:
+    """Every busy interval as reported, one row per slice per device (the log before merging)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float]] = []
+        self._arr = np.zeros((0, 3))
+
+    def append(self, d, s, e, tenant=0):
+        self.rows.append((d, s, e))
+
+    def add(self, devices, s, e, tenant=0):
+        self.rows += [(d, s, e) for d in devices]
+
+    def extend(self, devices, s, e, tenant=0):
+        for d in devices:
+            self.rows += [(d, a, b) for a, b in zip(s.tolist(), e.tolist())]
+
+    def since(self, t0):
+        if len(self.rows) != len(self._arr):
+            self._arr = np.array(self.rows, np.float64).reshape(-1, 3)
+        a = self._arr[self._arr[:, 2] > t0]
+        return a[:, 0].astype(np.int32), a[:, 1], a[:, 2]
+
+
+def test_merged_busy_log_leaves_every_result_as_the_raw_log_gives_it():
+    """Per-request results, the idle-slice histogram, busy share and harvest of a SliceScheduler
+    replay (guests read the idle gaps) are the same whether the GMG keeps busy time as merged
+    runs or one row per slice per device, and the merged log holds far fewer rows."""
+    from slicesched.serving import busy_fraction, idle_interval_histogram
+
+    sc = scenario(MULTI)
+    sc = sc.model_copy(update={"replay": sc.replay.model_copy(update={"duration_s": 1.0, "drain_s": 2.0})})
+    out, rows = [], []
+    for raw in (False, True):
+        trace = scenario_trace(sc, 1.0)
+        drv = ReplayDriver(sc, make_scheduler("slicesched", sc), trace)
+        if raw:
+            drv.gmg._busy = _RawBusyLog()
+        res = drv.run()
+        out.append(_summarize(res))
+        rows.append(sum(len(b) for b in res.busy.values()))
+    merged, ref = out
+    assert merged.guests >= 1
+    assert merged.requests.equals(ref.requests)
+    assert busy_fraction(merged.busy, merged.makespan_s) == busy_fraction(ref.busy, ref.makespan_s)
+    hm, hr = (idle_interval_histogram(r.busy, r.makespan_s) for r in out)
+    assert hm.idle_s == hr.idle_s and all(np.array_equal(hm.counts[d], hr.counts[d]) for d in hm.counts)
+    assert merged.harvest.share == pytest.approx(ref.harvest.share, rel=1e-9, abs=1e-12)
+    assert rows[0] * 20 < rows[1]
+
+
+def test_timeline_is_recorded_for_the_exported_window_only():
+    from slicesched.replay.driver import TRACE_WINDOW_US
+
+    sc = scenario(MULTI)
+    sc = sc.model_copy(update={"replay": sc.replay.model_copy(update={"duration_s": 6.0, "drain_s": 1.0})})
+    drv = ReplayDriver(sc, make_scheduler("dedicated", sc), scenario_trace(sc, 1.0), record_timeline=True)
+    res = drv.run()
+    assert not drv.sim.record and drv.sim.now > 3 * TRACE_WINDOW_US * 1e-6
+    ends = [r[4] for r in drv.sim.log.slices] + [float(r[4][-1]) for r in drv.sim.log.chains]
+    assert max(ends) < 2e-6 * TRACE_WINDOW_US + 1.0  # recording stopped soon after the margin
+    ts = [e["ts"] for e in res.timeline["traceEvents"] if e.get("ph") == "X"]
+    assert ts and max(ts) <= TRACE_WINDOW_US

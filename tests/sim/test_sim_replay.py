@@ -156,7 +156,7 @@ def test_fork_does_not_depend_on_the_parent_holding_chains_as_segments() -> None
 
 def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
-    assert len(sim.log.iterations) > 50
+    assert sim.gmg._next_key > 50 and not sim.log.iterations  # recording nothing, it keeps no rows
     assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
     assert len(sim._sh.timing._timings) <= len(TENANTS)
 
@@ -183,17 +183,29 @@ def test_a_fork_and_its_parent_add_iterations_without_seeing_each_other() -> Non
     assert not np.array_equal(fork_before["iteration"], fork_after_add["iteration"])
 
 
-def test_busy_history_lists_every_finished_slice_in_completion_order() -> None:
+def _merged(rows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Back-to-back intervals (the next starts where the last ended) joined into runs."""
+    out: list[tuple[float, float]] = []
+    for s, e in rows:
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def test_busy_history_keeps_every_finished_slice_as_merged_runs() -> None:
     sim = decode_loop(Perturbation(4))
     cluster = sim.gmg.cluster
     for d in range(cluster.num_devices):
         rows = [(r[3], r[4]) for r in sim.log.slices if d in cluster.group(r[2])]
         s, e = sim.gmg.busy_intervals(d)
-        assert rows and list(zip(s.tolist(), e.tolist())) == rows
+        assert rows and list(zip(s.tolist(), e.tolist())) == _merged(rows)
     b = sim.gmg.busy  # reading its arrays directly sees every interval too (appends are buffered)
     sim.run(until=sim.now + 0.0005)
-    assert b.n == sum(len(cluster.group(r[2])) for r in sim.log.slices)
-    assert b.end[: b.n].tolist()[-1] == sim.log.slices[-1][4]
+    assert b.n == sum(len(_merged([(r[3], r[4]) for r in sim.log.slices if d in cluster.group(r[2])]))
+                      for d in range(cluster.num_devices))
+    assert b.end.max() == sim.log.slices[-1][4]
 
 
 def test_reading_the_gmg_after_a_step_shows_what_eager_writes_would() -> None:

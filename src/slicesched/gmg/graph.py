@@ -54,6 +54,55 @@ class _LiveIteration:
     succ_idx: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class _Structure:
+    """What `add_iteration` takes from a graph's structure alone (edges, slicing, weight blocks),
+    shared by every iteration built from one builder template; arrays are read-only."""
+
+    pinned: tuple  # the graph arrays whose identity keys this entry (kept alive: ids stay unique)
+    local: np.ndarray
+    preds: np.ndarray
+    ready: np.ndarray
+    state: np.ndarray
+    first_ready: list[int]
+    last: np.ndarray  # last op of each slice
+    wb_lo: np.ndarray
+    wb_hi: np.ndarray
+    succ_ptr: np.ndarray
+    succ_idx: np.ndarray
+
+
+_STRUCTURES: dict[tuple[int, ...], _Structure] = {}
+
+
+def _structure(graph: IterationGraph) -> _Structure:
+    """Cached by the identity of the graph's structural arrays when they are read-only (a
+    tenant's iterations share its builder template's); a graph built by hand is computed anew."""
+    arrays = (graph.slice_of, graph.edge_src, graph.edge_dst, graph.wblock, graph.slice_first, graph.slice_count,
+              graph.slice_dep_src, graph.slice_dep_dst)
+    key = tuple(map(id, arrays))
+    st = _STRUCTURES.get(key)
+    if st is None:
+        n = graph.num_slices
+        src, dst = graph.slice_deps()
+        preds = np.bincount(dst, minlength=n)
+        ready = preds == 0
+        order = np.argsort(src, kind="stable")
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+        st = _Structure(
+            arrays, np.arange(n), preds, ready, np.where(ready, _READY, _PENDING), np.flatnonzero(ready).tolist(),
+            graph.slice_first + graph.slice_count - 1, np.minimum.reduceat(graph.wblock, graph.slice_first),
+            np.maximum.reduceat(graph.wblock, graph.slice_first), ptr, dst[order].astype(np.int64))
+        for a in (st.local, st.preds, st.ready, st.state, st.last, st.wb_lo, st.wb_hi, st.succ_ptr, st.succ_idx):
+            a.flags.writeable = False
+        if all(a is None or not a.flags.writeable for a in arrays):  # identity implies equal contents
+            if len(_STRUCTURES) > 256:
+                _STRUCTURES.clear()
+            _STRUCTURES[key] = st  # `pinned` keeps the arrays alive, so their ids stay theirs
+    return st
+
+
 _FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_bytes", "kv_bytes")
 _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
              ("group", np.int32), ("home", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
@@ -68,94 +117,127 @@ _MAX_PENDING = 4096  # busy intervals buffered before they move into the arrays
 
 
 class _IntervalLog:
-    """Append-only busy intervals of all devices, amortized O(1) append.
+    """Busy intervals of all devices as merged runs, amortized O(1) append.
 
-    `end_max` (running maximum of ends) lets a window query skip, by binary search, the whole
-    history that ended before the window, whatever order backends report completions in.
-    New intervals wait in a Python list as (devices, start(s), end(s)) and reach the arrays, in
-    order, when anything reads them (the array properties flush first): simulators append at
-    every event and rarely read, and one list append costs a fraction of the numpy writes it
-    replaces.
+    A device's back-to-back intervals of one tenant (the next starts exactly where the last
+    ended) are kept as one run [first start, last end): the union of busy time, so every idle
+    gap, idle histogram and busy fraction is exactly what the unmerged intervals give, while a
+    dedicated replica's hour of iterations is a handful of rows instead of one per slice per
+    device. Each device's latest run stays *open* (it may still grow) in per-device arrays;
+    a run is *closed* into the append-only arrays once its device starts something that does
+    not continue it.
+
+    `end_max` (running maximum of closed ends) lets a window query skip, by binary search, the
+    whole history that ended before the window, whatever order backends report completions
+    in. New intervals wait in a Python list as (devices, start(s), end(s), tenant) and are
+    merged, in order, when anything reads them (every read flushes first): simulators append
+    at every event and rarely read, and one list append costs a fraction of the numpy work it
+    replaces. Reads return closed rows followed by the open run of each device that has one.
     """
 
-    __slots__ = ("_device", "_start", "_end", "_end_max", "_n", "_pending")
+    __slots__ = ("_device", "_start", "_end", "_end_max", "_tenant", "_n", "_pending", "_open_s", "_open_e",
+                 "_open_t")
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(self, num_devices: int, size: int = 256) -> None:
         self._device = np.empty(size, np.int32)
         self._start = np.empty(size)
         self._end = np.empty(size)
         self._end_max = np.empty(size)
+        self._tenant = np.empty(size, np.int16)
         self._n = 0
         self._pending: list[tuple] = []
+        self._open_s = np.zeros(num_devices)
+        self._open_e = np.zeros(num_devices)
+        self._open_t = np.full(num_devices, -1, np.int16)  # -1: no open run
 
-    # ---- reads (rows [0, n) of each array are the intervals, in completion order) ----------
+    # ---- reads (closed rows [0, n_closed), then open runs by device) -------------------------
+    def _rows(self, k: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self.flush()
+        n = self._n
+        o = np.flatnonzero(self._open_t >= 0)
+        return (np.concatenate([self._device[k:n], o.astype(np.int32)]),
+                np.concatenate([self._start[k:n], self._open_s[o]]),
+                np.concatenate([self._end[k:n], self._open_e[o]]),
+                np.concatenate([self._tenant[k:n], self._open_t[o]]))
+
     @property
     def n(self) -> int:
+        """Rows (merged runs), open ones included."""
         self.flush()
-        return self._n
+        return self._n + int((self._open_t >= 0).sum())
 
     @property
     def device(self) -> np.ndarray:
-        self.flush()
-        return self._device
+        return self._rows()[0]
 
     @property
     def start(self) -> np.ndarray:
-        self.flush()
-        return self._start
+        return self._rows()[1]
 
     @property
     def end(self) -> np.ndarray:
-        self.flush()
-        return self._end
+        return self._rows()[2]
 
     @property
-    def end_max(self) -> np.ndarray:
-        self.flush()
-        return self._end_max
+    def tenant(self) -> np.ndarray:
+        """Tenant index (GMG `tenant_index`) of each row's slices."""
+        return self._rows()[3]
 
     def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(device, start, end) of every run that may end after t0 (a superset: callers clip)."""
         self.flush()
-        n = self._n
-        k = int(np.searchsorted(self._end_max[:n], t0, side="right"))
-        return self._device[k:n], self._start[k:n], self._end[k:n]
+        k = int(np.searchsorted(self._end_max[:self._n], t0, side="right"))
+        return self._rows(k)[:3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the arrays hold (capacity, not rows)."""
+        return sum(getattr(self, a).nbytes for a in ("_device", "_start", "_end", "_end_max", "_tenant"))
 
     # ---- appends ---------------------------------------------------------------------------
-    def append(self, device: int, s: float, e: float) -> None:
-        self._pending.append(((device,), s, e))
+    def append(self, device: int, s: float, e: float, tenant: int = 0) -> None:
+        self._pending.append(((device,), s, e, tenant))
 
-    def add(self, devices: tuple[int, ...], s: float, e: float) -> None:
+    def add(self, devices: tuple[int, ...], s: float, e: float, tenant: int = 0) -> None:
         """Append (s, e) for each of `devices` (one slice ended)."""
         p = self._pending
-        p.append((devices, s, e))
+        p.append((devices, s, e, tenant))
         if len(p) > _MAX_PENDING:  # a long run nobody reads stays compact
             self.flush()
 
-    def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray) -> None:
+    def extend(self, devices: tuple[int, ...], s: np.ndarray, e: np.ndarray, tenant: int = 0) -> None:
         """Append intervals (s, e) for each of `devices`, device by device (a chain of slices
         reported at once). The arrays are kept as given: callers never write to them later."""
-        self._pending.append((devices, s, e))
+        self._pending.append((devices, s, e, tenant))
         if len(self._pending) > _MAX_PENDING:  # bounded: the arrays held may be views of larger ones
             self.flush()
 
     def flush(self) -> None:
-        """Move pending intervals into the arrays, in order (exact: floats are stored as given)."""
+        """Merge pending intervals into the runs (exact: floats are stored as given)."""
         p = self._pending
         if not p:
             return
         self._pending = []
         devs: list[int] = []
         lens: list[int] = []
+        tens: list[int] = []
         starts: list = []  # arrays (chains) and lists (runs of single intervals), in order
         ends: list = []
         run_s: list | None = None
         run_e: list = []
-        for devices, s, e in p:
+        for devices, s, e, t in p:
             if isinstance(s, np.ndarray):
                 run_s = None
+                if len(s) > 1:  # a chain is mostly back to back: merge it here, once for all devices
+                    cut = np.flatnonzero(s[1:] != e[:-1])
+                    if not len(cut):
+                        s, e = s[:1], e[-1:]
+                    elif len(cut) < len(s) - 1:
+                        s, e = s[np.append(0, cut + 1)], e[np.append(cut, len(e) - 1)]
                 for d in devices:
                     devs.append(d)
                     lens.append(len(s))
+                    tens.append(t)
                     starts.append(s)
                     ends.append(e)
             else:
@@ -166,16 +248,39 @@ class _IntervalLog:
                 for d in devices:
                     devs.append(d)
                     lens.append(1)
+                    tens.append(t)
                     run_s.append(s)
                     run_e.append(e)
-        dev, st, en = np.repeat(np.array(devs, np.int32), lens), np.concatenate(starts), np.concatenate(ends)
+        lens_a = np.array(lens)
+        dev = np.repeat(np.array(devs, np.int32), lens_a)
+        ten = np.repeat(np.array(tens, np.int16), lens_a)
+        st, en = np.concatenate(starts), np.concatenate(ends)
+        # each device's open run goes first, then its new intervals in the order given
+        o = np.flatnonzero(self._open_t >= 0)
+        dev = np.concatenate([o.astype(np.int32), dev])
+        st, en = np.concatenate([self._open_s[o], st]), np.concatenate([self._open_e[o], en])
+        ten = np.concatenate([self._open_t[o], ten])
+        order = np.argsort(dev, kind="stable")
+        dev, st, en, ten = dev[order], st[order], en[order], ten[order]
+        first = np.ones(len(dev), bool)
+        first[1:] = (dev[1:] != dev[:-1]) | (st[1:] != en[:-1]) | (ten[1:] != ten[:-1])
+        heads = np.flatnonzero(first)
+        tails = np.r_[heads[1:] - 1, len(dev) - 1]
+        dev, ten, st, en = dev[heads], ten[heads], st[heads], en[tails]
+        last = np.ones(len(dev), bool)  # each device's last run stays open
+        last[:-1] = dev[1:] != dev[:-1]
+        self._open_s[dev[last]], self._open_e[dev[last]], self._open_t[dev[last]] = st[last], en[last], ten[last]
+        keep = ~last
+        dev, st, en, ten = dev[keep], st[keep], en[keep], ten[keep]
         n, k = self._n, len(dev)
+        if not k:
+            return
         if n + k > len(self._start):
             size = max(2 * len(self._start), n + k)
-            for name in ("_device", "_start", "_end", "_end_max"):
+            for name in ("_device", "_start", "_end", "_end_max", "_tenant"):
                 setattr(self, name, np.resize(getattr(self, name), size))
         prev = self._end_max[n - 1] if n else -np.inf
-        self._device[n: n + k] = dev
+        self._device[n: n + k], self._tenant[n: n + k] = dev, ten
         self._start[n: n + k], self._end[n: n + k] = st, en
         np.maximum.accumulate(en, out=self._end_max[n: n + k])
         np.maximum(self._end_max[n: n + k], prev, out=self._end_max[n: n + k])
@@ -205,7 +310,7 @@ class GlobalMappingGraph:
         self.mem_kv = np.zeros(n)
         self._mem_act = np.zeros(n)
         self.mem_xfer = np.zeros(n)  # in-flight transfer buffers (written by the simulator)
-        self._busy = _IntervalLog()
+        self._busy = _IntervalLog(n)
         self._running_on = np.full(n, -1, np.int64)  # slice id running on each device, -1 idle
         self._lazy: Callable[[], None] | None = None  # see `defer`
         # resident weight bytes per tenant: [blocks, devices]; 0 where not resident
@@ -240,7 +345,7 @@ class GlobalMappingGraph:
         g.capacity_bytes = self.capacity_bytes
         g.mem_weights, g.mem_kv = self.mem_weights.copy(), self.mem_kv.copy()
         g._mem_act, g.mem_xfer = self._mem_act.copy(), self.mem_xfer.copy()
-        g._busy = _IntervalLog(4096)
+        g._busy = _IntervalLog(self.cluster.num_devices, 64)
         g._running_on = self._running_on.copy()
         g._lazy = None  # a fork copies what is written; its owner copies what it buffers
         # residency changes rarely (weight copies, evictions): arrays are shared until written
@@ -338,31 +443,26 @@ class GlobalMappingGraph:
         lo = base & self._mask
         # no wrap around the ring: a plain slice writes much faster than an index array
         idx = slice(lo, lo + n) if lo + n <= self._cap else np.arange(base, base + n) & self._mask
-        src, dst = graph.slice_deps()
-        preds = np.bincount(dst, minlength=n)
-        ready = preds == 0
+        st = _structure(graph)
         c = self._cols
         c["tenant"][idx] = self.tenant_index[graph.tenant]
         c["iteration"][idx] = key
-        c["local"][idx] = np.arange(n)
-        c["state"][idx] = np.where(ready, _READY, _PENDING)
+        c["local"][idx] = st.local
+        c["state"][idx] = st.state
         c["group"][idx] = -1
         c["home"][idx] = home
-        c["preds_left"][idx] = preds
-        c["ready_t"][idx] = np.where(ready, now, np.inf)
+        c["preds_left"][idx] = st.preds
+        c["ready_t"][idx] = np.where(st.ready, now, np.inf)
         c["start_t"][idx] = np.inf
         c["end_t"][idx] = np.inf
         c["flops"][idx] = graph.slice_sum(graph.flops)
         c["weight_bytes"][idx] = graph.slice_sum(graph.weight_bytes)
-        c["out_bytes"][idx] = graph.out_bytes[graph.slice_first + graph.slice_count - 1]
+        c["out_bytes"][idx] = graph.out_bytes.take(st.last)
         c["kv_bytes"][idx] = graph.slice_sum(graph.kv_write_bytes)
-        c["wb_lo"][idx] = np.minimum.reduceat(graph.wblock, graph.slice_first)
-        c["wb_hi"][idx] = np.maximum.reduceat(graph.wblock, graph.slice_first)
-        order = np.argsort(src, kind="stable")
-        ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-        self.iterations[key] = _LiveIteration(graph, base, n, ptr, dst[order].astype(np.int64))
-        self._ready.update((np.flatnonzero(ready) + base).tolist())
+        c["wb_lo"][idx] = st.wb_lo
+        c["wb_hi"][idx] = st.wb_hi
+        self.iterations[key] = _LiveIteration(graph, base, n, st.succ_ptr, st.succ_idx)
+        self._ready.update([base + j for j in st.first_ready])
         return IterationHandle(key, graph.tenant, base, n)
 
     def iteration_of(self, slice_id: int) -> tuple[_LiveIteration, int]:
@@ -397,8 +497,9 @@ class GlobalMappingGraph:
         c["state"][i] = SliceState.DONE
         c["end_t"][i] = t
         start = float(c["start_t"][i])
+        tenant = int(c["tenant"][i])
         for d in self.cluster.group(int(c["group"][i])):
-            self._busy.append(d, start, t)
+            self._busy.append(d, start, t, tenant)
             if self._running_on[d] == slice_id:
                 self._running_on[d] = -1
         it, local = self.iteration_of(slice_id)
@@ -438,7 +539,7 @@ class GlobalMappingGraph:
         state = c["state"]
         state[i] = _DONE
         c["end_t"][i] = t
-        self._busy.add(devices, start, t)
+        self._busy.add(devices, start, t, c["tenant"].item(i))
         run_on = self._running_on
         for d in devices:
             if run_on.item(d) == slice_id:  # .item(): a Python scalar, cheaper than a numpy one
@@ -481,7 +582,7 @@ class GlobalMappingGraph:
             c["end_t"][ids] = ends[:-1]
             c["preds_left"][nxt] = 0
             c["ready_t"][nxt] = ends[:-1]
-            self._busy.extend(devices, starts[:-1], ends[:-1])
+            self._busy.extend(devices, starts[:-1], ends[:-1], c["tenant"].item(lo))
             self.iterations[key].remaining -= k - 1
             self.start_on(first + k - 1, float(starts[-1]), devices)
         return self.finish_on(first + k - 1, float(ends[-1]), float(starts[-1]), devices, key, succ)
@@ -517,11 +618,10 @@ class GlobalMappingGraph:
         return np.concatenate([np.arange(it.base, it.base + it.graph.num_slices) for it in self.iterations.values()])
 
     def busy_intervals(self, device: int) -> tuple[np.ndarray, np.ndarray]:
-        """All finished busy intervals of one device, in completion order (for reports)."""
-        b = self.busy  # settles
-        n = b.n  # flushes
-        m = b.device[:n] == device
-        return b.start[:n][m], b.end[:n][m]
+        """Finished busy time of one device as merged runs (see `_IntervalLog`), in time order."""
+        dev, s, e = self.busy.since(-np.inf)  # settles
+        m = dev == device
+        return s[m], e[m]
 
     def idle_intervals_flat(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Idle gaps of every device inside [t0, t1] as flat (device, start, end) arrays,

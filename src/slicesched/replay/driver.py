@@ -106,6 +106,7 @@ class ReplayDriver:
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
         self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
+        self.record_timeline = record_timeline
         self.slas = slas or {}
         self.cost = cost or make_cost_model("roofline")
         self.cluster = build_cluster(sc)
@@ -219,6 +220,10 @@ class ReplayDriver:
             if stalls > 3:
                 raise RuntimeError(f"replay stalled at t={now:.6f}s: scheduler '{self.scheduler.name}' "
                                    f"leaves {len(self.gmg.unmapped_ready())} ready slices unplaced")
+            if self.sim.record and self.sim.now > 2e-6 * TRACE_WINDOW_US:
+                # only the first window is exported (`_trim_trace`); the margin lets every slice
+                # that starts inside it end and be written out (segments write steps late)
+                self.sim.stop_recording()
             if progress is not None:
                 progress(self.sim.now)
             if self.stop_after_violations is not None and self.sim.now >= next_check:
@@ -501,7 +506,7 @@ class ReplayDriver:
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
                          self.rejected, self.guests_started, self.over_context, self.stopped_early)
-        timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
+        timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.record_timeline else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
                          self._tenant_busy(), self.home, self.window_s)

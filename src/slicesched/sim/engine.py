@@ -104,6 +104,7 @@ class Simulator(SegmentMixin, WeightsMixin):
             raise ValueError("streams_per_device must be >= 1 and stream_slowdown >= 0")
         self._sh = _Shared(gmg, cost_model)
         self.record = record
+        self._kept_below = 0  # iterations (keys) whose structure a recorded timeline names
         self.gmg = gmg
         self.perturbation = perturbation
         self.streams = streams_per_device
@@ -280,6 +281,14 @@ class Simulator(SegmentMixin, WeightsMixin):
             self._settle(until)
             self.now = max(self.now, until)
 
+    def stop_recording(self) -> None:
+        """Record no more slices, transfers or memory changes (a replay exports only the first
+        seconds of its timeline; recording the rest would grow with the trace). What is recorded
+        stays, with the structure of every iteration it names."""
+        if self.record:
+            self.record = self.mem.record = False
+            self._kept_below = self.gmg._next_key
+
     def take_outcome(self) -> StepOutcome:
         """Completions, finished iterations and OOMs since the last outcome."""
         chains = [row[1:5] for row in self._done_chains] if self._done_chains else ()
@@ -330,7 +339,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         """Drop a finished iteration's cached structure and timings (a long replay would otherwise
         keep them all). Recorded rows keep their own timings; a trace names its tenant from the
         structure, so it stays while timelines are recorded."""
-        if not self.record:
+        if not self.record and key >= self._kept_below:
             self._sh.infos.pop(key, None)
         self._sh.timing.forget(key)
         for cache in (self._tcache, self._perturbed):
@@ -494,7 +503,8 @@ class Simulator(SegmentMixin, WeightsMixin):
             self._finished.append(fin)
             if self._hits is not None:
                 self._hits.append(fin)
-            self.log.iterations.append((self._stamp, fin, self.now))
+            if self.record:  # a prediction reads them; a replay that records nothing keeps none
+                self.log.iterations.append((self._stamp, fin, self.now))
             if self._owner:
                 self._forget(fin)
         if self._queue:
@@ -863,7 +873,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._wver, f._wok = self._wver, dict(self._wok)
         f.net = self.net.copy()
         f.mem = self.mem.fork(f.gmg, self.now)
-        f.record = True
+        f.record, f._kept_below = True, 0
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
         f._tcache = {}
         f._weights_seen = f.gmg.weights_version

@@ -59,18 +59,29 @@ class _Shape:
     last: np.ndarray  # last op of each slice
     wb_lo: list[int]
     wb_hi: list[int]
+    pure_chain: bool  # slice j's only successor is j + 1, the last has none (blocks, layers)
 
 
 _SHAPES: dict[bytes, _Shape] = {}
+_BY_ID: dict[tuple[int, ...], tuple[tuple, _Shape]] = {}  # the same, keyed by the arrays' identity
 
 
 def _shape(g: IterationGraph) -> _Shape:
+    arrays = (g.edge_src, g.edge_dst, g.slice_of, g.wblock, g.slice_first, g.slice_count)
+    ids = tuple(map(id, arrays))
+    hit = _BY_ID.get(ids)
+    if hit is not None:  # a template's arrays (every iteration of a tenant): no bytes to compare
+        return hit[1]
     key = b"|".join((g.edge_src.tobytes(), g.edge_dst.tobytes(), g.slice_of.tobytes(), g.wblock.tobytes()))
     sh = _SHAPES.get(key)
     if sh is None:
         if len(_SHAPES) > 256:
             _SHAPES.clear()
         sh = _SHAPES[key] = _build_shape(g)
+    if not any(a.flags.writeable for a in arrays):  # read-only: identity implies equal contents
+        if len(_BY_ID) > 256:
+            _BY_ID.clear()
+        _BY_ID[ids] = (arrays, sh)  # the arrays are kept alive, so their ids stay theirs
     return sh
 
 
@@ -91,7 +102,8 @@ def _build_shape(g: IterationGraph) -> _Shape:
     return _Shape(tuple(map(tuple, preds)), tuple(map(tuple, succs)), chain, chain_end, npreds, npreds > 0,
                   [0] + np.cumsum(g.slice_count).tolist(), g.slice_count.tolist(), g.slice_first + g.slice_count - 1,
                   np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
-                  np.maximum.reduceat(g.wblock, g.slice_first).tolist())
+                  np.maximum.reduceat(g.wblock, g.slice_first).tolist(),
+                  n > 0 and all(succs[j] == [j + 1] for j in range(n - 1)) and not succs[n - 1])
 
 
 def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
@@ -103,14 +115,15 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     inner[last] = 0.0  # the output is counted on its own
     inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
     out = g.out_bytes[last]
-    base = it.base
+    base, n = it.base, g.num_slices
     step_free = inter + np.where(sh.has_pred, np.concatenate([[0.0], out[:-1]]), 0.0)
     step_alloc = inter + out
     steps = np.empty(2 * max(g.num_slices - 1, 0))
     np.negative(step_free[:-1], out=steps[0::2])
     steps[1::2] = step_alloc[1:]
     return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
-                    inter.tolist(), sh.wb_lo, sh.wb_hi, sh.chain, sh.nops, sh.chain_end, _shifted(sh.succs, base),
+                    inter.tolist(), sh.wb_lo, sh.wb_hi, sh.chain, sh.nops, sh.chain_end,
+                    tuple(zip(range(base + 1, base + n))) + ((),) if sh.pure_chain else _shifted(sh.succs, base),
                     sh.npreds, sh.nops_prefix, step_free, step_alloc, np.arange(base, base + g.num_slices), steps)
 
 

@@ -13,10 +13,26 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from slicesched.sim.timing import SliceTiming, Variant
+
+
+_Generator, _PCG64 = np.random.Generator, np.random.PCG64
+
+
+@lru_cache(maxsize=64)
+def _lognormal(cv: float) -> tuple[float, float]:
+    """(mean, sigma) of the log of a mean-1 lognormal factor with coefficient of variation cv."""
+    sigma2 = np.log1p(cv ** 2)
+    return -sigma2 / 2, np.sqrt(sigma2)
+
+
+@lru_cache(maxsize=1024)
+def _tag(variant: Variant) -> int:
+    return zlib.crc32(repr(variant).encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +51,12 @@ class Perturbation:
         """`base` with every op duration multiplied by its seeded lognormal factor."""
         if self.duration_cv == 0:
             return base
-        sigma2 = np.log1p(self.duration_cv ** 2)
-        tag = zlib.crc32(repr(variant).encode())
-        rng = np.random.default_rng((self.seed, key, tag))
-        noise = rng.lognormal(-sigma2 / 2, np.sqrt(sigma2), len(base.op_dur))
+        mean, sigma = _lognormal(self.duration_cv)
+        tag = _tag(variant)
+        # = np.random.default_rng((seed, key, tag)), without its per-call overhead (a replay
+        # draws once per iteration)
+        rng = _Generator(_PCG64((self.seed, key, tag)))
+        noise = rng.lognormal(mean, sigma, len(base.op_dur))
         return SliceTiming.from_ops(base.op_dur * noise, base.slice_first, base.slice_count)
 
     def slowdown(self, co_located: int) -> float:

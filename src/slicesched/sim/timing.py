@@ -41,10 +41,15 @@ class SliceTiming:
 
     @classmethod
     def from_ops(cls, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> "SliceTiming":
-        cum = np.concatenate([[0.0], np.cumsum(op_dur)])
-        per_slice = cum[first + count] - cum[first]
-        prefix = np.concatenate([[0.0], np.cumsum(per_slice)])
-        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, prefix, bool((per_slice > 0).all()))
+        cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
+        cum[0] = 0.0
+        np.cumsum(op_dur, out=cum[1:])
+        per_slice = cum.take(first + count)
+        per_slice -= cum.take(first)
+        prefix = np.empty(len(per_slice) + 1)
+        prefix[0] = 0.0
+        np.cumsum(per_slice, out=prefix[1:])
+        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, prefix, bool(per_slice.min(initial=1.0) > 0))
 
     def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Start and end of every op of slice `local` that started at `start` (ops run back to back)."""
