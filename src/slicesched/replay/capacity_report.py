@@ -8,19 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from slicesched.replay.capacity import CapacityResult, RooflineBound, best_baseline
+from slicesched.replay.report import scheduler_color
 
 CANDIDATE = "slicesched"
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-_KNOWN = ("dedicated", "temporal-mux", "realloc", "slicesched")
-
-
-def scheduler_color(name: str) -> str:
-    """One colour per scheduler, the same in every plot (known ones fixed, others by name)."""
-    if name in _KNOWN:
-        return _PALETTE[_KNOWN.index(name)]
-    return _PALETTE[len(_KNOWN) + sum(map(ord, name)) % (len(_PALETTE) - len(_KNOWN))]
-
-
 def capacity_frame(results: dict[str, CapacityResult]) -> pd.DataFrame:
     """One row per (scheduler, rate scale) probed: per-seed and mean violation rates and the
     figures averaged over seeds."""
@@ -39,8 +29,8 @@ def capacity_frame(results: dict[str, CapacityResult]) -> pd.DataFrame:
 
 
 def capacity_table(results: dict[str, CapacityResult], bound: RooflineBound | None = None) -> pd.DataFrame:
-    """One row per scheduler: capacity, throughput there, per-seed spread, ratio to the best
-    baseline (for the candidate) or to the candidate's (for baselines: candidate / it)."""
+    """One row per scheduler: capacity, throughput there, per-seed spread and its capacity over
+    the best baseline's (1.00 for that baseline; the roofline bound's row likewise)."""
     best = best_baseline(results, CANDIDATE)
     rows = []
     for name, r in results.items():

@@ -14,8 +14,8 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Callable
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
