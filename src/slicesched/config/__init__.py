@@ -1,7 +1,7 @@
 """Typed, validated configuration: scenario files."""
 
-from slicesched.config.scenario import (ClusterConfig, ReplayConfig, Scenario, TenantConfig, load_scenario,
+from slicesched.config.scenario import (ClusterConfig, ReplayConfig, Scenario, SchedulersConfig, SliceSchedConfig, TenantConfig, load_scenario,
                                         parse_scenario, shared_dir)
 
-__all__ = ["ClusterConfig", "ReplayConfig", "Scenario", "TenantConfig", "load_scenario", "parse_scenario",
+__all__ = ["ClusterConfig", "ReplayConfig", "Scenario", "SchedulersConfig", "SliceSchedConfig", "TenantConfig", "load_scenario", "parse_scenario",
            "shared_dir"]

@@ -118,6 +118,37 @@ class ReplayConfig(_Strict):
         "'reject' refuses it as vLLM's API refuses a max_tokens beyond the window (a violation)")
 
 
+class SliceSchedConfig(_Strict):
+    """SliceScheduler's settings: one default for every scenario (DESIGN.md 4); a scenario may
+    override them in a `[schedulers.slicesched]` table."""
+
+    check_interval_s: float = Field(0.05, gt=0, description="simulated seconds between lease (shard staging and "
+                                    "release) decisions; slice placement runs at every call")
+    horizon_s: float = Field(0.5, gt=0, description="how far a what-if fork runs ahead to see an iteration end")
+    stage_horizon_s: float = Field(0.05, gt=0, description="what-if horizon of the memory check before staging")
+    lender_slack_frac: float = Field(0.5, ge=0, description="a lender's iteration may be delayed by borrowed "
+                                     "slices by at most this share of its TPOT SLO (predicted by a what-if)")
+    min_gain_frac: float = Field(0.02, ge=0, description="borrow devices for an iteration only if the what-if "
+                                 "predicts it ends at least this share of its home duration sooner")
+    whatif_reuse_s: float = Field(0.25, ge=0, description="with no lender work live, a what-if verdict is "
+                                  "reused this long for iterations of the same shape class (0: simulate every one)")
+    min_idle_share: float = Field(0.5, ge=0, le=1, description="a lender's devices must have been idle this "
+                                  "share of the last idle_window_s")
+    idle_window_s: float = Field(1.0, gt=0, description="window of the idle history that ranks lenders")
+    lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
+                             "staged shards")
+    reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "
+                                   "KV pool is this full")
+    reclaim_load: int = Field(8, ge=1, description="shards are released when their lender has this many "
+                              "requests of its own (its load is back)")
+    calm_release_s: float = Field(2.0, gt=0, description="shards are released after the tenant's home replica "
+                                  "has had no request for this long")
+
+
+class SchedulersConfig(_Strict):
+    slicesched: SliceSchedConfig = SliceSchedConfig()
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     seed: int = 0
@@ -125,6 +156,7 @@ class Scenario(_Strict):
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
     streams: tuple[Stream, ...] = Field(min_length=1)
     replay: ReplayConfig = ReplayConfig()
+    schedulers: SchedulersConfig = SchedulersConfig()
     source_path: str | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

@@ -27,7 +27,8 @@ from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
-                                        SchedulerDecision, WeightCopy, WeightEviction)
+                                        SchedulerDecision, ShardLease, ShardRelease, ShardStage, WeightCopy,
+                                        WeightEviction)
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
                                 count_violations)
 from slicesched.sim import Perturbation, Simulator
@@ -137,6 +138,9 @@ class ReplayDriver:
         self.rejected = 0
         self.over_context = 0
         self.guests_started = 0
+        self._leases: dict[tuple[str, tuple[int, ...]], tuple[ShardStage, list]] = {}  # staged shards
+        self.shards_staged = 0
+        self.shard_bytes_moved = 0.0
         self._group_busy: dict[str, np.ndarray] = {}  # tenant -> compute seconds per device group
         scheduler.attach(self)
 
@@ -168,6 +172,14 @@ class ReplayDriver:
     def simulator(self) -> Simulator:
         """The replay's simulator, for schedulers that fork it for what-if predictions."""
         return self.sim
+
+    def whatif(self) -> Simulator:
+        """The what-if service (`sched.interface.WhatIf`): the simulator, whose `fork()` predicts."""
+        return self.sim
+
+    def shard_leases(self) -> tuple[ShardLease, ...]:
+        return tuple(ShardLease(st.tenant, st.home, st.devices, st.blocks, st.bytes_per_device)
+                     for st, _ in self._leases.values())
 
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return [rs for rs in self.replicas if rs.replica.tenant == tenant]
@@ -201,6 +213,10 @@ class ReplayDriver:
                 g = self._start_guest(start, now)
                 if g is not None:
                     dirty[g] = None
+            for rel in decision.shard_releases:
+                dirty.update(dict.fromkeys(self._release_shards(rel, now)))
+            for st in decision.shard_stages:
+                self._stage_shards(st, now)
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
             if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
@@ -426,6 +442,34 @@ class ReplayDriver:
         self.sim.apply(SchedulerDecision(now, evictions=tuple(
             WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
             for blk in range(2 * self.models[tenant].layers + 2))))
+
+    # ---- staged weight shards (SliceScheduler) ------------------------------------------------
+    def _stage_shards(self, st: ShardStage, now: float) -> bool:
+        """Lend the shards' memory from the devices' owners (all or nothing) and copy them there
+        through the simulator (link time and memory paid). Refused if a lease holds the devices."""
+        devs = tuple(st.devices)
+        if any(set(devs) & set(k[1]) for k in self._leases):
+            return False
+        lent = self._borrow(devs, st.bytes_per_device)
+        if lent is None:
+            return False
+        self.sim.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
+        self._leases[(st.tenant, devs)] = (st, lent)
+        self.shards_staged += 1
+        self.shard_bytes_moved += st.bytes_per_device * len(devs)
+        return True
+
+    def _release_shards(self, rel: ShardRelease, now: float) -> list[ReplicaState]:
+        """Evict staged shards and give the lent KV blocks back (their owners may batch again)."""
+        lease = self._leases.pop((rel.tenant, tuple(rel.devices)), None)
+        if lease is None:
+            return []
+        st, lent = lease
+        self.sim.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
+        for owner, n in lent:
+            owner.engine.kv.reclaim(n)
+        return [owner for owner, _ in lent]
 
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:

@@ -19,6 +19,8 @@ from slicesched.registry import Registry
 
 if TYPE_CHECKING:
     from slicesched.gmg.graph import GlobalMappingGraph
+    from slicesched.serving.sla import SLA
+    from slicesched.sim.prediction import Prediction
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class WeightCopy:
     block: int
     src_device: int
     dst_device: int
+    nbytes: float = 0.0  # bytes to copy (a shard for a wider tensor-parallel group); 0: the source's block
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,51 @@ class GuestStop:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardStage:
+    """Stage `tenant`'s weight shards on `devices` of other containers, ahead of need, so that its
+    slices may later run tensor-parallel over its home `home` plus these devices (the union).
+    Block `blocks[j]` is copied as `shard_bytes[j]` bytes (its shard at the union's degree) from
+    `src_devices[i]` (a home device) to `devices[i]`. The driver lends the memory from the
+    devices' owners' free KV blocks, all or nothing, and refuses the stage if it cannot."""
+
+    tenant: str
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    src_devices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    shard_bytes: tuple[float, ...]
+
+    @property
+    def bytes_per_device(self) -> float:
+        return float(sum(self.shard_bytes))
+
+    def weight_copies(self) -> tuple[WeightCopy, ...]:
+        return tuple(WeightCopy(self.tenant, b, src, dst, nb) for src, dst in zip(self.src_devices, self.devices)
+                     for b, nb in zip(self.blocks, self.shard_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRelease:
+    """Evict the shards staged for `tenant` on `devices` and give the memory back to its owners.
+    The scheduler issues it only when no live slice of the tenant is mapped onto those devices."""
+
+    tenant: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLease:
+    """Shards a driver holds staged: `tenant` (home `home`) on borrowed `devices`, with
+    `lent_bytes` per device lent by their owners."""
+
+    tenant: str
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    lent_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerDecision:
     """Everything a scheduler decided at one instant; backends must not modify it."""
 
@@ -105,11 +153,13 @@ class SchedulerDecision:
     container_moves: tuple[ContainerMove, ...] = ()
     guest_starts: tuple[GuestStart, ...] = ()
     guest_stops: tuple[GuestStop, ...] = ()
+    shard_stages: tuple[ShardStage, ...] = ()
+    shard_releases: tuple[ShardRelease, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.placements or self.weight_copies or self.evictions or self.container_moves
-                    or self.guest_starts or self.guest_stops)
+                    or self.guest_starts or self.guest_stops or self.shard_stages or self.shard_releases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +259,33 @@ class ServingView(Protocol):
     """Read-only serving state a driver offers to schedulers that need it."""
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]: ...
+
+
+class WhatIfFork(Protocol):
+    """A forked simulation: takes candidate decisions and runs ahead (`sim.Simulator.fork()`)."""
+
+    now: float
+
+    def apply(self, decision: SchedulerDecision) -> None: ...
+
+    def simulate(self, horizon_s: float) -> "Prediction": ...
+
+
+class WhatIf(Protocol):
+    """The what-if service: a fork of the backend's current state, predicting from the cost model."""
+
+    def fork(self) -> WhatIfFork: ...
+
+
+class PlacementView(ServingView, Protocol):
+    """What an operator-level scheduler needs of the driver: loads, every tenant's SLA, the
+    what-if service and the shards it holds staged. SliceScheduler requires all of it."""
+
+    def sla_of(self, tenant: str) -> "SLA | None": ...
+
+    def whatif(self) -> WhatIf: ...
+
+    def shard_leases(self) -> tuple[ShardLease, ...]: ...
 
 
 class Scheduler(ABC):
