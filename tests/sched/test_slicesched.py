@@ -57,13 +57,13 @@ def scheduler(**cfg):
     return SliceScheduler(MODELS, SliceSchedConfig(check_interval_s=1e-6, **cfg), capacity_bytes=72e9)
 
 
-def staged(g, sim, s):
+def staged(g, sim, s, mirror=0.0):
     """Let the scheduler stage shards for `hot` on device 1 and the copies land."""
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     (st,) = s.schedule(g, sim.now).shard_stages
     sim.apply(SchedulerDecision(sim.now, weight_copies=st.weight_copies()))
     sim.run()
-    return st, ShardLease(st.tenant, st.home, st.devices, st.blocks, st.bytes_per_device)
+    return st, ShardLease(st.tenant, st.home, st.devices, st.blocks, st.lent_bytes, mirror)
 
 
 # ---- staging and its memory what-if ------------------------------------------------------------
@@ -73,9 +73,12 @@ def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     (st,) = s.schedule(g, 0.0).shard_stages
     assert (st.tenant, st.home, st.devices, st.src_devices) == ("hot", (0,), (1,), (0,))
-    assert st.blocks == tuple(range(1, 2 * M.layers, 2))  # MLP halves only: attention and KV stay home
-    full = sum(g.resident["hot"][b, 0] for b in st.blocks)
+    assert st.blocks == tuple(range(2 * M.layers + 2))
+    full = g.resident["hot"][:, 0].sum()
     assert st.bytes_per_device == pytest.approx(full / 2, rel=0.01)  # its shard at tensor parallel 2
+    # room for a mirror of the KV heads of the shard: half of the replica's pool, within lend_frac
+    pool = HOT_BUSY.kv_free_bytes / (1 - HOT_BUSY.kv_used_frac)
+    assert st.kv_mirror_bytes == pytest.approx(min(pool / 2, COLD_IDLE.kv_free_bytes * 0.5 - st.bytes_per_device))
 
 
 def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():

@@ -124,7 +124,8 @@ class SliceSchedConfig(_Strict):
 
     check_interval_s: float = Field(0.05, gt=0, description="simulated seconds between lease (shard staging and "
                                     "release) decisions; slice placement runs at every call")
-    horizon_s: float = Field(0.5, gt=0, description="how far a what-if fork runs ahead to see an iteration end")
+    horizon_s: float = Field(0.5, gt=0, description="at most this far a what-if fork runs ahead to see an "
+                           "iteration end (else twice the iteration's cost-model duration)")
     stage_horizon_s: float = Field(0.05, gt=0, description="what-if horizon of the memory check before staging")
     lender_slack_frac: float = Field(0.5, ge=0, description="a lender's iteration may be delayed by borrowed "
                                      "slices by at most this share of its TPOT SLO (predicted by a what-if)")

@@ -13,6 +13,7 @@ schedulers that look ahead use the cost model alone.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,16 @@ class ReplicaState:
     def relative_load(self) -> float:
         """Outstanding requests per KV token of capacity: balances replicas of unequal pools."""
         return (self.load + 1) / max(self.engine.kv.capacity_tokens, 1)
+
+
+@dataclass(slots=True, eq=False)
+class _Lease:
+    """Staged shards (SliceScheduler) and the memory lent for them."""
+
+    stage: ShardStage
+    lent: list[tuple[ReplicaState, int]]
+    mirror_charged: float = 0.0  # KV mirror bytes per device in the ledger
+    unsynced: int = 0  # tokens whose KV the mirror lacks (computed at home since the last sync)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +149,11 @@ class ReplayDriver:
         self.rejected = 0
         self.over_context = 0
         self.guests_started = 0
-        self._leases: dict[tuple[str, tuple[int, ...]], tuple[ShardStage, list]] = {}  # staged shards
+        self._leases: dict[tuple[str, tuple[int, ...]], _Lease] = {}  # staged shards
+        self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
         self.shards_staged = 0
         self.shard_bytes_moved = 0.0
+        self.kv_bytes_moved = 0.0
         self._group_busy: dict[str, np.ndarray] = {}  # tenant -> compute seconds per device group
         scheduler.attach(self)
 
@@ -178,8 +191,9 @@ class ReplayDriver:
         return self.sim
 
     def shard_leases(self) -> tuple[ShardLease, ...]:
-        return tuple(ShardLease(st.tenant, st.home, st.devices, st.blocks, st.bytes_per_device)
-                     for st, _ in self._leases.values())
+        return tuple(ShardLease(ls.stage.tenant, ls.stage.home, ls.stage.devices, ls.stage.blocks,
+                                ls.stage.lent_bytes, ls.stage.kv_mirror_bytes, ls.mirror_charged)
+                     for ls in self._leases.values())
 
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return [rs for rs in self.replicas if rs.replica.tenant == tenant]
@@ -202,6 +216,8 @@ class ReplayDriver:
                 i += 1
             for rs in self._activate_loaded(now):
                 dirty[rs] = None
+            while self._syncs and self._syncs[0][0] <= now:  # wide iterations whose KV sync is done
+                dirty[self._complete(heapq.heappop(self._syncs)[1], now, synced=True)] = None
             for rs in dirty:
                 self._launch_batches(rs, now)
             dirty.clear()
@@ -217,7 +233,8 @@ class ReplayDriver:
                 dirty.update(dict.fromkeys(self._release_shards(rel, now)))
             for st in decision.shard_stages:
                 self._stage_shards(st, now)
-            wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
+            wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon,
+                       self._syncs[0][0] if self._syncs else math.inf)
             if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
             outcome = self.sim.execute(decision, until=wake, wake=self.scheduler.wake_on())
@@ -281,7 +298,12 @@ class ReplayDriver:
         self.iterations += 1
         self._charge_kv(rs, now)
 
-    def _complete(self, key: int, t: float) -> ReplicaState:
+    def _complete(self, key: int, t: float, synced: bool = False) -> ReplicaState:
+        if not synced and self._leases:
+            delay = self._kv_sync_s(key)
+            if delay > 0:  # done once its KV shard is copied home (and the mirror caught up)
+                heapq.heappush(self._syncs, (t + delay, key))
+                return self.inflight[key][0]
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t)
         self._attribute(self.gmg.iterations[key])
@@ -340,6 +362,8 @@ class ReplayDriver:
         elif delta < 0:
             self.sim.free_kv(rs.replica.devices, -delta, rs.replica.tenant)
         rs.kv_charged = used
+        if self._leases:
+            self._charge_mirror(rs)
 
     def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
         """An OOM is paid for: every replica on the device preempts and recomputes its requests."""
@@ -450,21 +474,73 @@ class ReplayDriver:
         devs = tuple(st.devices)
         if any(set(devs) & set(k[1]) for k in self._leases):
             return False
-        lent = self._borrow(devs, st.bytes_per_device)
+        lent = self._borrow(devs, st.lent_bytes)
         if lent is None:
             return False
         self.sim.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
-        self._leases[(st.tenant, devs)] = (st, lent)
+        home = next((rs for rs in self.replicas if rs.replica.tenant == st.tenant and not rs.guest
+                     and rs.replica.devices == tuple(st.home)), None)
+        unsynced = home.engine.kv.used_blocks * BLOCK_TOKENS if home is not None else 0
+        self._leases[(st.tenant, devs)] = _Lease(st, lent, unsynced=unsynced)
         self.shards_staged += 1
         self.shard_bytes_moved += st.bytes_per_device * len(devs)
+        if home is not None:
+            self._charge_mirror(home)
         return True
+
+    def _lease_of(self, rs: ReplicaState) -> "_Lease | None":
+        return next((ls for ls in self._leases.values() if ls.stage.tenant == rs.replica.tenant
+                     and tuple(ls.stage.home) == rs.replica.devices), None)
+
+    def _charge_mirror(self, rs: ReplicaState) -> None:
+        """Keep the KV mirror on a lease's devices in step with the replica's KV (its heads of the
+        union's shard, up to the mirror's room), in the memory ledger like any KV."""
+        ls = self._lease_of(rs)
+        if ls is None or ls.stage.kv_mirror_bytes <= 0:
+            return
+        m = self.models[rs.replica.tenant]
+        union_tp = len(ls.stage.home) + len(ls.stage.devices)
+        want = min(rs.engine.kv.used_blocks * BLOCK_TOKENS * m.kv_bytes_per_token() / union_tp,
+                   ls.stage.kv_mirror_bytes)
+        delta = want - ls.mirror_charged
+        if delta > 0:
+            oom = self.sim.alloc_kv(ls.stage.devices, delta, rs.replica.tenant)
+            if oom is not None:
+                self._on_oom(oom)
+                return
+        elif delta < 0:
+            self.sim.free_kv(ls.stage.devices, -delta, rs.replica.tenant)
+        ls.mirror_charged = want
+
+    def _kv_sync_s(self, key: int) -> float:
+        """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed
+        heads there: copying it home (and the KV of tokens computed at home since the last such
+        iteration to the mirror) takes this long over the link; 0 for any other iteration."""
+        rs, batch = self.inflight[key]
+        ls = self._lease_of(rs)
+        if ls is None:
+            return 0.0
+        it = self.gmg.iterations[key]
+        union = self.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))
+        if int(self.gmg.raw("group")[it.base & self.gmg.mask]) != union:  # not whole (at most MLP slices)
+            ls.unsynced += batch.num_tokens
+            return 0.0
+        m = self.models[rs.replica.tenant]
+        union_tp = len(ls.stage.home) + len(ls.stage.devices)
+        nbytes = (batch.num_tokens + ls.unsynced) * m.kv_bytes_per_token() / union_tp
+        ls.unsynced = 0
+        self.kv_bytes_moved += nbytes * len(ls.stage.devices)
+        link = self.cluster.link(ls.stage.home[0], ls.stage.devices[0])
+        return self.cost.transfer_time(nbytes, link)
 
     def _release_shards(self, rel: ShardRelease, now: float) -> list[ReplicaState]:
         """Evict staged shards and give the lent KV blocks back (their owners may batch again)."""
         lease = self._leases.pop((rel.tenant, tuple(rel.devices)), None)
         if lease is None:
             return []
-        st, lent = lease
+        st, lent = lease.stage, lease.lent
+        if lease.mirror_charged > 0:
+            self.sim.free_kv(st.devices, lease.mirror_charged, st.tenant)
         self.sim.apply(SchedulerDecision(now, evictions=tuple(
             WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
         for owner, n in lent:

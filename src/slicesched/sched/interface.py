@@ -111,10 +111,17 @@ class ShardStage:
     src_devices: tuple[int, ...]
     blocks: tuple[int, ...]
     shard_bytes: tuple[float, ...]
+    kv_mirror_bytes: float = 0.0  # per device: room for a copy of the tenant's KV heads of this shard
 
     @property
     def bytes_per_device(self) -> float:
+        """Weight bytes staged on each device."""
         return float(sum(self.shard_bytes))
+
+    @property
+    def lent_bytes(self) -> float:
+        """Memory the owners lend per device: the shards plus the KV mirror."""
+        return self.bytes_per_device + self.kv_mirror_bytes
 
     def weight_copies(self) -> tuple[WeightCopy, ...]:
         return tuple(WeightCopy(self.tenant, b, src, dst, nb) for src, dst in zip(self.src_devices, self.devices)
@@ -133,13 +140,17 @@ class ShardRelease:
 @dataclass(frozen=True, slots=True)
 class ShardLease:
     """Shards a driver holds staged: `tenant` (home `home`) on borrowed `devices`, with
-    `lent_bytes` per device lent by their owners."""
+    `lent_bytes` per device lent by their owners; `kv_mirror_bytes` of them hold a copy of the
+    tenant's KV heads of this shard (`kv_mirror_used` in use), which lets whole iterations run
+    tensor-parallel over the union while it has room."""
 
     tenant: str
     home: tuple[int, ...]
     devices: tuple[int, ...]
     blocks: tuple[int, ...]
     lent_bytes: float
+    kv_mirror_bytes: float = 0.0
+    kv_mirror_used: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -41,6 +40,7 @@ from slicesched.models.spec import model_spec
 from slicesched.sched.interface import (SCHEDULERS, PlacementView, ReplicaLoad, Scheduler, SchedulerDecision,
                                         ShardLease, ShardRelease, ShardStage, SlicePlacement)
 
+HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
 _RUNNING = int(SliceState.RUNNING)
 _DONE = int(SliceState.DONE)
 
@@ -48,12 +48,6 @@ _DONE = int(SliceState.DONE)
 def _tp_ok(model: str, tp: int) -> bool:
     m = model_spec(model)
     return m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0
-
-
-@lru_cache(maxsize=256)
-def _mlp_blocks(model: str) -> tuple[int, ...]:
-    """Weight blocks of the MLP halves of the layers (2*layer + 1)."""
-    return tuple(2 * layer + 1 for layer in range(model_spec(model).layers))
 
 
 def mlp_slices(graph: IterationGraph) -> np.ndarray:
@@ -84,6 +78,7 @@ class RunReport:
     """What SliceScheduler did in one run (issue 10, item 8)."""
 
     wide_iterations: int = 0  # iterations with slices placed on borrowed devices
+    whole_iterations: int = 0  # of which every slice ran tensor-parallel over the union
     slices_away: int = 0  # slices mapped onto a union group (home + borrowed devices)
     give_backs: int = 0  # iterations mapped back home because a lender's own work arrived
     stages: int = 0  # ShardStage decisions issued
@@ -110,6 +105,8 @@ class _Lease:
     devices: tuple[int, ...]
     union: int  # group id of home + borrowed devices
     blocks: tuple[int, ...]
+    mirror_bytes: float = 0.0
+    mirror_used: float = 0.0
 
 
 @SCHEDULERS.register("slicesched")
@@ -130,6 +127,7 @@ class SliceScheduler(Scheduler):
         self._releasing: set[int] = set()  # home groups whose lease is being given back
         self._next_check = 0.0
         self._now = 0.0
+        self._cost = None
         self._memo: dict[tuple, tuple[bool, float]] = {}  # shape class -> (wide, decided at)
 
     @classmethod
@@ -183,7 +181,7 @@ class SliceScheduler(Scheduler):
             lease = self._leases[int(homes[it.base & mask])]
             lender_live = lease.union in live_lender
             if lease.home_group in self._releasing:
-                wide = False
+                wide = HOME
             else:
                 wide = self._decide(gmg, key, lease, out, live_lender.get(lease.union, ()))
             was = self._mode.get(key)
@@ -192,6 +190,7 @@ class SliceScheduler(Scheduler):
                 self.report.give_backs += 1
             if wide and (was is None or not was[0]):
                 self.report.wide_iterations += 1
+                self.report.whole_iterations += wide == WHOLE
             out += self._mapping(gmg, key, lease, wide, count=True)
         if len(self._mode) > 4096:
             self._mode = {k: v for k, v in self._mode.items() if k in gmg.iterations}
@@ -217,16 +216,19 @@ class SliceScheduler(Scheduler):
                         out[u].append(key)
         return {u: tuple(k) for u, k in out.items()}
 
-    def _mapping(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, wide: bool,
+    def _mapping(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, wide: int,
                  count: bool = False) -> list[SlicePlacement]:
-        """Placements that map the iteration's unstarted slices home, or MLP slices on the union."""
+        """Placements that map the iteration's unstarted slices home (HOME), its MLP slices on the
+        union (MLP), or all of them on the union (WHOLE)."""
         it = gmg.iterations[key]
         n = it.graph.num_slices
         ids = np.arange(it.base, it.base + n)
         state = gmg.get("state", ids)
         group = gmg.get("group", ids)
         want = np.full(n, lease.home_group, np.int64)
-        if wide:
+        if wide == WHOLE:
+            want[:] = lease.union
+        elif wide == MLP:
             want[mlp_slices(it.graph)] = lease.union
         todo = np.flatnonzero((state < _RUNNING) & (group != want))
         if not len(todo):
@@ -241,31 +243,58 @@ class SliceScheduler(Scheduler):
         return out
 
     def _decide(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, placed: list[SlicePlacement],
-                lender_keys: tuple[int, ...]) -> bool:
+                lender_keys: tuple[int, ...]) -> int:
         """What-if: does the iteration end sooner wide, with every lender iteration inside its slack?
 
         With no lender iteration live, the answer depends on the iteration's shape alone (the
-        borrower runs one iteration at a time on its devices), so it is reused for
-        `whatif_reuse_s` for iterations of the same shape class (tokens, sequences, context,
-        rounded to powers of two); with a lender live it is always simulated."""
+        borrower runs one iteration at a time on its devices) and the hardware, so it is reused
+        for `whatif_reuse_s` for iterations of the same model, group sizes, devices and fabric
+        and shape class (tokens, sequences, context, rounded to powers of two); with a lender
+        live it is always simulated."""
         memo = None
         if not lender_keys:
             shape = gmg.iterations[key].graph.shape
-            memo = (lease.union, _bucket(shape.num_tokens), _bucket(shape.num_seqs),
-                    _bucket(shape.kv_tokens_read()))
+            c = gmg.cluster
+            memo = (gmg.iterations[key].graph.model, len(lease.home), len(lease.devices),
+                    c.group_intra_link(lease.union).name, c.device_specs[lease.home[0]].name,
+                    _bucket(shape.num_tokens), _bucket(shape.num_seqs), _bucket(shape.kv_tokens_read()))
+        mode = self._candidate(gmg, key, lease)
+        if memo is not None:
+            memo += (mode,)
             hit = self._memo.get(memo)
             if hit is not None and self._now - hit[1] < self.cfg.whatif_reuse_s:
                 return hit[0]
-        ok = self._simulate_choice(gmg, key, lease, placed, lender_keys)
+        ok = mode if self._simulate_choice(gmg, key, lease, placed, lender_keys, mode) else HOME
         if memo is not None:
             self._memo[memo] = (ok, self._now)
         return ok
 
+    def _candidate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> int:
+        """WHOLE when the lease's KV mirror has room for this iteration's KV, else MLP."""
+        if lease.mirror_bytes <= 0:
+            return MLP
+        graph = gmg.iterations[key].graph
+        per_tok = model_spec(graph.model).kv_bytes_per_token() / (len(lease.home) + len(lease.devices))
+        return WHOLE if lease.mirror_used + graph.shape.num_tokens * per_tok <= lease.mirror_bytes else MLP
+
+    def _sync_estimate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> float:
+        """Cost-model seconds to copy a whole-wide iteration's borrowed KV heads home."""
+        from slicesched.cost import make_cost_model
+
+        self._cost = self._cost or make_cost_model()
+        graph = gmg.iterations[key].graph
+        nbytes = graph.shape.num_tokens * model_spec(graph.model).kv_bytes_per_token() / (
+            len(lease.home) + len(lease.devices))
+        return self._cost.transfer_time(nbytes, gmg.cluster.link(lease.home[0], lease.devices[0]))
+
     def _simulate_choice(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, placed: list[SlicePlacement],
-                         lender_keys: tuple[int, ...]) -> bool:
-        home = self._predict(gmg, placed + self._mapping(gmg, key, lease, False))
-        wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, True))
+                         lender_keys: tuple[int, ...], mode: int) -> bool:
+        horizon = min(self.cfg.horizon_s, 2.0 * self._home_estimate(gmg, key, lease) + 2e-3)
+        home = self._predict(gmg, placed + self._mapping(gmg, key, lease, HOME), horizon)
+        wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, mode), horizon)
         t_home, t_wide = home.iteration_end.get(key, np.inf), wide.iteration_end.get(key, np.inf)
+        if mode == WHOLE:
+            t_wide += self._sync_estimate(gmg, key, lease)
         if not np.isfinite(t_wide) or t_wide > t_home - self.cfg.min_gain_frac * max(t_home - home.start, 0.0):
             self.report.gain_rejections += 1
             return False
@@ -275,19 +304,29 @@ class SliceScheduler(Scheduler):
                 continue
             sla = self._view.sla_of(it.graph.tenant)
             slack = self.cfg.lender_slack_frac * (sla.tpot_s if sla is not None else 0.0)
-            if wide.iteration_end.get(k, np.inf) - home.iteration_end.get(k, np.inf) > slack:
+            end_wide, end_home = wide.iteration_end.get(k, np.inf), home.iteration_end.get(k, np.inf)
+            if not np.isfinite(end_wide) or end_wide - end_home > slack:
                 self.report.slack_rejections += 1
                 return False
         return True
 
-    def _predict(self, gmg: GlobalMappingGraph, placements: list[SlicePlacement]):
+    def _home_estimate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> float:
+        """Cost-model seconds of the iteration alone at home: bounds how far the forks run."""
+        from slicesched.cost import make_cost_model
+
+        self._cost = self._cost or make_cost_model()
+        graph = gmg.iterations[key].graph
+        spec = gmg.cluster.device_specs[lease.home[0]]
+        return float(self._cost.op_times(graph, spec, gmg.cluster.group_intra_link(lease.home_group)).sum())
+
+    def _predict(self, gmg: GlobalMappingGraph, placements: list[SlicePlacement], horizon: float):
         import time
 
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
         fork = self._view.whatif().fork()
         fork.apply(SchedulerDecision(fork.now, tuple(placements)))
-        pred = fork.simulate(self.cfg.horizon_s)
+        pred = fork.simulate(horizon)
         self.report.whatif_s += time.perf_counter() - t0
         return pred
 
@@ -314,7 +353,7 @@ class SliceScheduler(Scheduler):
                 continue  # copies in flight
             hg = gmg.cluster.group_id(ls.home)
             out[hg] = _Lease(ls.tenant, hg, ls.home, ls.devices, gmg.cluster.group_id(ls.home + ls.devices),
-                             ls.blocks)
+                             ls.blocks, ls.kv_mirror_bytes, ls.kv_mirror_used)
         self._leases = out
         self._releasing &= set(out)
 
@@ -378,13 +417,17 @@ class SliceScheduler(Scheduler):
             if len(devs) < tp:
                 continue
             model = model_spec(self.models[r.tenant])
-            blocks = _mlp_blocks(self.models[r.tenant])
-            shard = block_weight_bytes(model, 2 * tp)[list(blocks)]
+            shard = block_weight_bytes(model, 2 * tp)
+            blocks = tuple(range(len(shard)))
             chosen = tuple(devs[:tp])
             lendable = {d: o.kv_free_bytes * self.cfg.lend_frac for o in cands for d in o.devices}
-            if any(lendable[d] < float(shard.sum()) for d in chosen):
+            room = min(lendable[d] for d in chosen) - float(shard.sum())
+            if room < 0:
                 continue
-            st = ShardStage(r.tenant, r.devices, chosen, r.devices, blocks, tuple(float(x) for x in shard))
+            # the replica's KV pool per device, at the union's degree: its heads of every token
+            pool = r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9) * tp / (2 * tp)
+            mirror = min(room, pool)
+            st = ShardStage(r.tenant, r.devices, chosen, r.devices, blocks, tuple(float(x) for x in shard), mirror)
             if not self._memory_safe(st):
                 continue
             out.append(st)
@@ -405,7 +448,7 @@ class SliceScheduler(Scheduler):
         pred = fork.simulate(self.cfg.stage_horizon_s)
         self.report.whatif_s += time.perf_counter() - t0
         peak = pred.peak_memory[list(st.devices)]
-        ok = not pred.ooms and bool(np.all(peak <= self.capacity_bytes))
+        ok = not pred.ooms and bool(np.all(peak + st.kv_mirror_bytes <= self.capacity_bytes))
         self.report.memory_rejections += not ok
         return ok
 
