@@ -147,7 +147,7 @@ def test_slicesched_harvests_idle_containers_and_beats_dedicated_on_sla():
     sc = scenario(MULTI)
     base = run_one(sc, RunSpec("dedicated", 1.0))
     ours = run_one(sc, RunSpec("slicesched", 1.0))
-    assert ours.guests >= 1 and ours.ooms == 0
+    assert ours.harvest.share > 0 and ours.ooms == 0
     o = ours.summary.overall
     assert o.completed + o.rejected == o.requests
     assert ours.violation_rate < 0.75 * base.violation_rate
@@ -226,9 +226,8 @@ def slicesched_multi():
     return run_one(scenario(MULTI.replace("duration_s = 8", "duration_s = 4")), RunSpec("slicesched", 1.0))
 
 
-def test_slicesched_guests_harvest_the_cold_tenants_devices(slicesched_multi):
+def test_slicesched_loans_harvest_the_cold_tenants_devices(slicesched_multi):
     r = slicesched_multi
-    assert r.guests >= 1
     by_home = {d.home: [] for d in r.harvest.devices}
     for d in r.harvest.devices:
         by_home[d.home].append(d.share)

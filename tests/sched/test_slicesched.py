@@ -121,6 +121,26 @@ def test_mlp_slices_of_a_busy_tenant_go_wide_when_the_lender_is_idle():
     assert s.report.wide_iterations == 1
 
 
+def test_whole_iterations_go_tensor_parallel_over_the_union_while_the_kv_mirror_has_room():
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s, mirror=8e9)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    h = sim.add_iteration(build_iteration(M, BatchShape.prefill(2048), tenant="hot"), home=g.cluster.group_id((0,)))
+    (p,) = s.schedule(g, sim.now).placements
+    assert (p.first_slice, p.group, p.num_slices) == (h.slice_base, g.cluster.group_id((0, 1)), h.num_slices)
+    assert s.report.whole_iterations == 1
+    # a mirror without room for this iteration's KV: only the MLP slices may leave home
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s, mirror=1e6)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    sim.add_iteration(build_iteration(M, BatchShape.prefill(2048), tenant="hot"), home=g.cluster.group_id((0,)))
+    d = s.schedule(g, sim.now)
+    assert s.report.whole_iterations == 0 and s.report.wide_iterations == 1
+    assert all(p.num_slices == 1 for p in d.placements if p.group == g.cluster.group_id((0, 1)))
+
+
 def lender_arrives(tpot_s):
     g, sim = two_tenants()
     s = scheduler(whatif_reuse_s=0.0)
@@ -202,6 +222,7 @@ def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
     s, d, r = replay(HOT_COLD)
     assert r.stats.ooms == 0 and d.shards_staged == 1
     assert s.report.wide_iterations > 0 and s.report.slices_away > 0
+    assert s.report.whole_iterations > 0 and d.kv_bytes_moved > 0  # the borrowed heads' KV came home
     assert r.tenant_busy[1].get("hot", 0.0) > 0.01  # compute seconds of hot on the cold device
     assert all(q.finish_s is not None for q in r.requests)
 
