@@ -127,7 +127,7 @@ class SliceSchedConfig(_Strict):
     horizon_s: float = Field(0.5, gt=0, description="at most this far a what-if fork runs ahead to see an "
                            "iteration end (else twice the iteration's cost-model duration)")
     stage_horizon_s: float = Field(0.05, gt=0, description="what-if horizon of the memory check before staging")
-    lender_slack_frac: float = Field(0.5, ge=0, description="a lender's iteration may be delayed by borrowed "
+    lender_slack_frac: float = Field(0.1, ge=0, description="a lender's iteration may be delayed by borrowed "
                                      "slices by at most this share of its TPOT SLO (predicted by a what-if)")
     min_gain_frac: float = Field(0.02, ge=0, description="borrow devices for an iteration only if the what-if "
                                  "predicts it ends at least this share of its home duration sooner")
@@ -136,6 +136,8 @@ class SliceSchedConfig(_Strict):
     min_idle_share: float = Field(0.5, ge=0, le=1, description="a lender's devices must have been idle this "
                                   "share of the last idle_window_s")
     idle_window_s: float = Field(1.0, gt=0, description="window of the idle history that ranks lenders")
+    lender_max_load: int = Field(1, ge=0, description="a replica lends devices only with at most this many "
+                                 "requests of its own")
     lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
                              "staged shards")
     reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "

@@ -393,6 +393,7 @@ class SliceScheduler(Scheduler):
         taken = {d for ls in leases for d in ls.devices}
         borrowers = {ls.tenant for ls in leases}
         leased_homes = {ls.home for ls in leases}
+        homes = {d for h in leased_homes for d in h}  # a borrower's devices are never lent
         pressure: dict[str, float] = defaultdict(float)
         count: dict[str, int] = defaultdict(int)
         for r in loads:
@@ -403,16 +404,17 @@ class SliceScheduler(Scheduler):
         idle = self._idle_share(gmg, now)
         out = []
         for r in sorted(loads, key=lambda x: -(x.waiting + x.running)):
-            if r.draining or r.devices in leased_homes or r.waiting + r.running == 0 or r.tenant not in self.models:
+            if (r.draining or r.devices in leased_homes or r.waiting + r.running == 0 or r.tenant not in self.models
+                    or not taken.isdisjoint(r.devices)):  # a lender never borrows
                 continue
             tp = len(r.devices)
             if not _tp_ok(self.models[r.tenant], 2 * tp):
                 continue
             cands = [o for o in loads if o.tenant != r.tenant and o.tenant != hottest and o.tenant not in borrowers
-                     and not o.draining and o.waiting + o.running < self.cfg.reclaim_load / 2
+                     and not o.draining and o.waiting + o.running <= self.cfg.lender_max_load
                      and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
             devs = sorted((d for o in cands for d in o.devices
-                           if d not in taken and idle[d] >= self.cfg.min_idle_share),
+                           if d not in taken and d not in homes and idle[d] >= self.cfg.min_idle_share),
                           key=lambda d: (-float(idle[d]), gmg.cluster.device_node[d] != gmg.cluster.device_node[r.devices[0]], d))
             if len(devs) < tp:
                 continue
@@ -432,6 +434,7 @@ class SliceScheduler(Scheduler):
                 continue
             out.append(st)
             taken.update(chosen)
+            homes.update(r.devices)
             borrowers.add(r.tenant)
             self.report.stages += 1
             self.report.staged_bytes += st.bytes_per_device * len(chosen)
