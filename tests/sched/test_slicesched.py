@@ -225,6 +225,8 @@ def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
     assert s.report.whole_iterations > 0 and d.kv_bytes_moved > 0  # the borrowed heads' KV came home
     assert r.tenant_busy[1].get("hot", 0.0) > 0.01  # compute seconds of hot on the cold device
     assert all(q.finish_s is not None for q in r.requests)
+    rep = r.stats.scheduler_report  # what it did, for the run's summary
+    assert rep["wide_iterations"] == s.report.wide_iterations and rep["kv_bytes_moved"] == d.kv_bytes_moved
 
 
 def test_settings_come_from_the_scenario_table():

@@ -85,6 +85,7 @@ class RunStats:
     guests: int
     over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
     stopped_early: bool = False  # ended at `stop_after_violations`, not when every request had finished
+    scheduler_report: dict = field(default_factory=dict)  # `Scheduler.run_report()`, plus shard/KV bytes moved
 
 
 @dataclass(slots=True)
@@ -597,7 +598,10 @@ class ReplayDriver:
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
-                         self.rejected, self.guests_started, self.over_context, self.stopped_early)
+                         self.rejected, self.guests_started, self.over_context, self.stopped_early,
+                         {**self.scheduler.run_report(), **({"shard_bytes_moved": self.shard_bytes_moved,
+                                                             "kv_bytes_moved": self.kv_bytes_moved}
+                                                            if self.shards_staged else {})})
         timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.sim.record else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,

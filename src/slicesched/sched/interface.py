@@ -338,6 +338,11 @@ class Scheduler(ABC):
         slices; slices it leaves unplaced are offered again at the next call.
         """
 
+    def run_report(self) -> dict[str, float]:
+        """Called by the driver once at the end of a run: what the scheduler did, as named
+        counts (e.g. SliceScheduler's slices placed away from home, what-if calls). Default: none."""
+        return {}
+
     def update(self, outcome: StepOutcome) -> None:
         """Called by the driver after the backend ran decisions, with what actually happened
         (measured or simulated times, OOMs). Default: stateless schedulers ignore it."""

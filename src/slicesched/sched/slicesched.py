@@ -94,6 +94,9 @@ class RunReport:
     def as_dict(self) -> dict[str, float]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "decision_s"}
         d["decisions"] = len(self.decision_s)
+        if self.decision_s:
+            p50, p99 = np.percentile(self.decision_s, [50, 99])
+            d["decision_p50_ms"], d["decision_p99_ms"] = float(p50) * 1e3, float(p99) * 1e3
         return d
 
 
@@ -136,6 +139,9 @@ class SliceScheduler(Scheduler):
 
         cap = device_spec(scenario.cluster.device).memory_bytes * scenario.replay.gpu_memory_utilization
         return cls({t.name: t.model for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
+
+    def run_report(self) -> dict[str, float]:
+        return self.report.as_dict()
 
     def attach(self, view: PlacementView) -> None:  # type: ignore[override]
         self._view = view
