@@ -50,7 +50,7 @@ def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr"):
     c = Cluster.homogeneous("H100-80GB", nodes, per_node, inter_link=inter_link)
     g = GlobalMappingGraph(c, {"hot": M, "cold": M}, {"hot": Container("hot", (0,)), "cold": Container("cold", (1,))})
     g.load_home_weights()
-    return g, Simulator(g, make_cost_model(), record=False)
+    return g, Simulator(g, make_cost_model(), record=False, now=1.0)  # a second of (idle) history
 
 
 def scheduler(**cfg):
@@ -71,7 +71,7 @@ def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
     g, sim = two_tenants()
     s = scheduler()
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
-    (st,) = s.schedule(g, 0.0).shard_stages
+    (st,) = s.schedule(g, sim.now).shard_stages
     assert (st.tenant, st.home, st.devices, st.src_devices) == ("hot", (0,), (1,), (0,))
     assert st.blocks == tuple(range(2 * M.layers + 2))
     full = g.resident["hot"][:, 0].sum()
@@ -88,7 +88,7 @@ def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():
     assert sim.alloc_kv(1, 60e9, "cold") is None
     s = scheduler()
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
-    d = s.schedule(g, 0.0)
+    d = s.schedule(g, sim.now)
     assert d.shard_stages == ()
     assert s.report.memory_rejections == 1
 
@@ -97,9 +97,9 @@ def test_no_staging_on_a_busy_lender_or_for_an_idle_tenant():
     g, sim = two_tenants()
     s = scheduler()
     s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.1, 55e9)]))
-    assert s.schedule(g, 0.0).shard_stages == ()
+    assert s.schedule(g, sim.now).shard_stages == ()
     s.attach(View(sim, [ReplicaLoad("hot", (0,), 0, 0, False, 0, False, 0.0, 50e9), COLD_IDLE]))
-    assert s.schedule(g, 0.0).shard_stages == ()
+    assert s.schedule(g, sim.now).shard_stages == ()
 
 
 # ---- per-iteration placement and the lender's SLA ----------------------------------------------

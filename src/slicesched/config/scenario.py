@@ -136,13 +136,19 @@ class SliceSchedConfig(_Strict):
     min_idle_share: float = Field(0.5, ge=0, le=1, description="a lender's devices must have been idle this "
                                   "share of the last idle_window_s")
     idle_window_s: float = Field(1.0, gt=0, description="window of the idle history that ranks lenders")
-    lender_max_load: int = Field(1, ge=0, description="a replica lends devices only with at most this many "
+    forecast_weight: float = Field(0.05, gt=0, le=1, description="weight of each check's load in a tenant's "
+                                   "load forecast (exponential average of requests per replica)")
+    borrower_share: float = Field(0.5, ge=0, le=1, description="only tenants whose load forecast is at least "
+                                  "this share of the hottest tenant's borrow; leases of others are released")
+    lender_forecast_frac: float = Field(0.25, ge=0, description="a tenant lends only if its load forecast is at "
+                                        "most this share of the borrower's")
+    lender_max_load: int = Field(0, ge=0, description="a replica lends devices only with at most this many "
                                  "requests of its own")
     lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
                              "staged shards")
     reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "
                                    "KV pool is this full")
-    reclaim_load: int = Field(8, ge=1, description="shards are released when their lender has this many "
+    reclaim_load: int = Field(2, ge=1, description="shards are released when their lender has this many "
                               "requests of its own (its load is back)")
     calm_release_s: float = Field(2.0, gt=0, description="shards are released after the tenant's home replica "
                                   "has had no request for this long")

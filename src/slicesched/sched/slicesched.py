@@ -131,7 +131,8 @@ class SliceScheduler(Scheduler):
         self._next_check = 0.0
         self._now = 0.0
         self._cost = None
-        self._memo: dict[tuple, tuple[bool, float]] = {}  # shape class -> (wide, decided at)
+        self._memo: dict[tuple, tuple[int, float]] = {}  # shape class -> (mode, decided at)
+        self._forecast: dict[str, float] = {}  # tenant -> forecast requests per replica
 
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
@@ -346,6 +347,12 @@ class SliceScheduler(Scheduler):
         for r in loads:
             if r.waiting + r.running or r.group not in self._last_busy:
                 self._last_busy[r.group] = now
+        per: dict[str, list[int]] = defaultdict(list)
+        for r in loads:
+            per[r.tenant].append(r.waiting + r.running)
+        a = self.cfg.forecast_weight
+        for t, xs in per.items():  # the load forecast: an exponential average per replica
+            self._forecast[t] = (1 - a) * self._forecast.get(t, 0.0) + a * sum(xs) / len(xs)
         releases = self._releases(gmg, loads, leases, now)
         stages = self._stages(gmg, loads, leases, now)
         return stages, releases
@@ -371,7 +378,9 @@ class SliceScheduler(Scheduler):
             owners = [o for o in loads if set(o.devices) & set(ls.devices)]
             need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or o.waiting + o.running >= self.cfg.reclaim_load
                        for o in owners)
-            calm = now - self._last_busy.get(hg, now) >= self.cfg.calm_release_s
+            top = max(self._forecast.values(), default=0.0)
+            calm = (now - self._last_busy.get(hg, now) >= self.cfg.calm_release_s
+                    or self._forecast.get(ls.tenant, 0.0) < self.cfg.borrower_share * top)  # others are hotter
             if not (need or calm):
                 continue
             lease = self._leases.get(hg)
@@ -408,8 +417,12 @@ class SliceScheduler(Scheduler):
         per = {t: pressure[t] / count[t] for t in pressure}
         hottest = max(per, key=per.get) if per else None
         idle = self._idle_share(gmg, now)
+        fc = self._forecast
         out = []
-        for r in sorted(loads, key=lambda x: -(x.waiting + x.running)):
+        top = max(fc.values(), default=0.0)
+        for r in sorted(loads, key=lambda x: (-fc.get(x.tenant, 0.0), -(x.waiting + x.running))):
+            if fc.get(r.tenant, 0.0) < self.cfg.borrower_share * top:
+                continue  # only the hottest tenants borrow
             if (r.draining or r.devices in leased_homes or r.waiting + r.running == 0 or r.tenant not in self.models
                     or not taken.isdisjoint(r.devices)):  # a lender never borrows
                 continue
@@ -417,11 +430,14 @@ class SliceScheduler(Scheduler):
             if not _tp_ok(self.models[r.tenant], 2 * tp):
                 continue
             cands = [o for o in loads if o.tenant != r.tenant and o.tenant != hottest and o.tenant not in borrowers
+                     and fc.get(o.tenant, 0.0) <= self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
                      and not o.draining and o.waiting + o.running <= self.cfg.lender_max_load
                      and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
+            owner = {d: o.tenant for o in cands for d in o.devices}
             devs = sorted((d for o in cands for d in o.devices
                            if d not in taken and d not in homes and idle[d] >= self.cfg.min_idle_share),
-                          key=lambda d: (-float(idle[d]), gmg.cluster.device_node[d] != gmg.cluster.device_node[r.devices[0]], d))
+                          key=lambda d: (gmg.cluster.device_node[d] != gmg.cluster.device_node[r.devices[0]],
+                                         fc.get(owner[d], 0.0), -float(idle[d]), d))
             if len(devs) < tp:
                 continue
             model = model_spec(self.models[r.tenant])
