@@ -1,28 +1,31 @@
-"""SliceScheduler: a busy tenant's operator slices run tensor-parallel over its own devices plus
+"""SliceScheduler: a busy tenant's iterations run tensor-parallel over its own devices plus
 idle devices of other containers, decided per iteration by what-if simulation.
 
-Policy (v2), on top of `dedicated`:
+Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
 
-- *Leases* (every `check_interval_s`). A tenant's home replica with requests borrows as many
-  devices as it has from other containers: the idlest by recent history (`min_idle_share` of
-  the last `idle_window_s`), never the busiest tenant's, never a borrower's own. The shards of
-  its MLP weight blocks at the union's tensor-parallel degree are staged there ahead of need
-  (`ShardStage`), in memory the owners lend from their free KV pool (at most `lend_frac` of
-  it), every byte copied through the simulator. A what-if fork first applies the copies and
-  runs `stage_horizon_s` ahead: the stage is refused if it predicts an OOM or a peak beyond a
-  device's capacity. Shards are released (`ShardRelease`) when the lender's KV pool fills
-  (`reclaim_kv_frac`) or its own load returns (`reclaim_load`), or when the borrower has been
-  calm for `calm_release_s`, once no live slice of the borrower is mapped there.
-- *Placement* (every call). Each live iteration of a leased home replica is mapped either
-  wholly at home, or *wide*: its MLP slices on the union group (tensor parallel over home and
-  borrowed devices, activations moved over the fabric by the simulator; attention and its KV
-  stay home). Two what-if forks (home and wide, with everything placed so far) decide: wide
-  only if the iteration ends at least `min_gain_frac` sooner, and every live iteration of the
-  lender ends no more than `lender_slack_frac` x its TPOT SLO later than without the loan.
-- The lender has priority: when its own iteration appears, the same check is re-run and, unless
-  the loan stays inside the lender's slack, the borrower's unstarted slices are mapped back home
-  (the lender gets its devices at the next slice boundary). When the lender is idle again the
-  borrower's unstarted slices may go wide again.
+- *Leases* (every `check_interval_s`). Only the hottest tenants borrow (load forecast at least
+  `borrower_share` of the hottest's): each home replica leases as many devices as it has from
+  calm containers (no requests of their own beyond `lender_max_load`, forecast at most
+  `lender_forecast_frac` of the borrower's; same node first, then calmest, then idlest recent
+  history over `idle_window_s`; a lender never borrows, a borrower's devices are never lent).
+  `ShardStage` copies the tenant's weight shards at the union's degree there, ahead of need, in
+  memory the owners lend from their free KV pool (at most `lend_frac`), part of it a KV mirror
+  for the borrower's KV heads of the shard. A what-if fork applies the copies and runs
+  `stage_horizon_s` ahead first: refused on a predicted OOM or a peak beyond capacity.
+  `ShardRelease` gives the memory back when the lender's KV pool fills (`reclaim_kv_frac`) or
+  its load returns (`reclaim_load`), when the borrower is calm or no longer among the hottest,
+  once no unfinished slice of the borrower is mapped there.
+- *Placement* (every call). Each live iteration of a leased replica runs WHOLE (every slice
+  tensor-parallel over the union; needs room in the KV mirror; the driver then pays the copy of
+  the borrowed heads' KV home before the iteration completes), MLP (only MLP slices on the union:
+  no KV needed there; activations move over the fabric in the simulator) or HOME. Two what-if
+  forks (home and the candidate, with everything placed so far) decide: wide only if the
+  iteration ends at least `min_gain_frac` sooner and every live lender iteration ends at most
+  `lender_slack_frac` x its TPOT SLO later than without the loan. With no lender work live the
+  verdict depends only on the shape and hardware and is reused for `whatif_reuse_s`.
+- The lender has priority: when its own iteration appears the check is re-run and, unless the
+  loan stays inside its slack, the borrower's unstarted slices are mapped back home (the lender
+  gets its devices at the next slice boundary); when the lender is idle again they may go wide.
 """
 
 from __future__ import annotations
