@@ -31,7 +31,7 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -95,7 +95,8 @@ class RunReport:
     whatif_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        d = {k: getattr(self, k) for k in self.__slots__ if k != "decision_s"}
+        d = asdict(self)
+        del d["decision_s"]
         d["decisions"] = len(self.decision_s)
         if self.decision_s:
             p50, p99 = np.percentile(self.decision_s, [50, 99])
