@@ -146,7 +146,7 @@ def test_slicesched_harvests_idle_containers_and_beats_dedicated_on_sla():
     sc = scenario(MULTI)
     base = run_one(sc, RunSpec("dedicated", 1.0))
     ours = run_one(sc, RunSpec("slicesched", 1.0))
-    assert ours.guests >= 1 and ours.ooms == 0
+    assert ours.harvest.share > 0 and ours.ooms == 0
     o = ours.summary.overall
     assert o.completed + o.rejected == o.requests
     assert ours.violation_rate < 0.75 * base.violation_rate
@@ -225,9 +225,8 @@ def slicesched_multi():
     return run_one(scenario(MULTI.replace("duration_s = 8", "duration_s = 4")), RunSpec("slicesched", 1.0))
 
 
-def test_slicesched_guests_harvest_the_cold_tenants_devices(slicesched_multi):
+def test_slicesched_loans_harvest_the_cold_tenants_devices(slicesched_multi):
     r = slicesched_multi
-    assert r.guests >= 1
     by_home = {d.home: [] for d in r.harvest.devices}
     for d in r.harvest.devices:
         by_home[d.home].append(d.share)
@@ -297,7 +296,7 @@ class _RawBusyLog:
 
 def test_merged_busy_log_leaves_every_result_as_the_raw_log_gives_it():
     """Per-request results, the idle-slice histogram, busy share and harvest of a SliceScheduler
-    replay (guests read the idle gaps) are the same whether the GMG keeps busy time as merged
+    replay (loans of idle devices read the idle gaps) are the same whether the GMG keeps busy time as merged
     runs or one row per slice per device, and the merged log holds far fewer rows."""
     from slicesched.serving import busy_fraction, idle_interval_histogram
 
@@ -313,7 +312,7 @@ def test_merged_busy_log_leaves_every_result_as_the_raw_log_gives_it():
         out.append(_summarize(res))
         rows.append(sum(len(b) for b in res.busy.values()))
     merged, ref = out
-    assert merged.guests >= 1
+    assert merged.scheduler_report["shard_bytes_moved"] > 0  # it lent idle devices: it read the gaps
     assert merged.requests.equals(ref.requests)
     assert busy_fraction(merged.busy, merged.makespan_s) == busy_fraction(ref.busy, ref.makespan_s)
     hm, hr = (idle_interval_histogram(r.busy, r.makespan_s) for r in out)

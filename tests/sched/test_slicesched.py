@@ -1,71 +1,238 @@
-"""SliceScheduler decisions on real GMG state (no replay loop)."""
+"""SliceScheduler v2 on the real simulator: borrowed devices take a busy tenant's MLP slices;
+what-if forks keep staging within memory and loans within the lender's SLA slack."""
 
+import textwrap
+import tomllib
+
+import numpy as np
+import pytest
+
+from slicesched.config import SliceSchedConfig, parse_scenario
+from slicesched.cost import make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, build_iteration
 from slicesched.hardware import Cluster, Container
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import ReplicaLoad
-from slicesched.sched.slicesched import SliceScheduler
+from slicesched.replay.driver import ReplayDriver
+from slicesched.replay.slo import isolated_slas
+from slicesched.replay.workload import scenario_trace
+from slicesched.sched import make_scheduler
+from slicesched.sched.interface import ReplicaLoad, SchedulerDecision, ShardLease
+from slicesched.sched.slicesched import SliceScheduler, mlp_slices
+from slicesched.serving import SLA
+from slicesched.sim import Simulator
 
 M = model_spec("llama-2-7b")
+MODELS = {"hot": "llama-2-7b", "cold": "llama-2-7b"}
+HOT_BUSY = ReplicaLoad("hot", (0,), 6, 30, False, 0, False, 0.5, 20e9)
+COLD_IDLE = ReplicaLoad("cold", (1,), 0, 0, False, 1, False, 0.0, 55e9)
 
 
 class View:
-    def __init__(self, loads):
-        self.loads = loads
+    """The PlacementView a driver offers, over a real simulator."""
+
+    def __init__(self, sim, loads, slas=None, leases=()):
+        self.sim, self.loads, self.slas, self.leases = sim, list(loads), dict(slas or {}), tuple(leases)
 
     def replica_loads(self):
         return tuple(self.loads)
 
+    def sla_of(self, tenant):
+        return self.slas.get(tenant)
 
-def gmg_two_tenants():
-    c = Cluster.homogeneous("H100-80GB", 1, 2)
-    return GlobalMappingGraph(c, {"hot": M, "cold": M}, {"hot": Container("hot", (0,)), "cold": Container("cold", (1,))})
+    def whatif(self):
+        return self.sim
 
-
-def test_overloaded_tenant_gets_a_guest_on_the_idle_container():
-    s = SliceScheduler({"hot": "llama-2-7b", "cold": "llama-2-7b"})
-    s.attach(View([ReplicaLoad("hot", (0,), 5, 40, False, 0, False, 0.95, 1e9),
-                   ReplicaLoad("cold", (1,), 0, 0, False, 1, False, 0.0, 60e9)]))
-    d = s.schedule(gmg_two_tenants(), 0.0)
-    (start,) = d.guest_starts
-    assert (start.tenant, start.devices, start.src_devices) == ("hot", (1,), (0,))
-    assert start.kv_bytes == 60e9 * s.kv_lend_frac - M.weight_bytes()
+    def shard_leases(self):
+        return self.leases
 
 
-def test_no_guest_when_the_other_container_is_busy():
-    s = SliceScheduler({"hot": "llama-2-7b", "cold": "llama-2-7b"})
-    s.attach(View([ReplicaLoad("hot", (0,), 5, 40, False, 0, False, 0.95, 1e9),
-                   ReplicaLoad("cold", (1,), 0, 3, False, 1, False, 0.1, 60e9)]))
-    assert s.schedule(gmg_two_tenants(), 0.0).guest_starts == ()
+def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr"):
+    c = Cluster.homogeneous("H100-80GB", nodes, per_node, inter_link=inter_link)
+    g = GlobalMappingGraph(c, {"hot": M, "cold": M}, {"hot": Container("hot", (0,)), "cold": Container("cold", (1,))})
+    g.load_home_weights()
+    return g, Simulator(g, make_cost_model(), record=False, now=1.0)  # a second of (idle) history
 
 
-def test_guest_stops_when_its_owner_gets_load_back():
-    s = SliceScheduler({"hot": "llama-2-7b", "cold": "llama-2-7b"}, owner_reclaim_load=8)
-    s.attach(View([ReplicaLoad("hot", (0,), 0, 40, False, 0, False, 0.5, 1e9),
-                   ReplicaLoad("hot", (1,), 0, 10, False, 1, True, 0.2, 1e9),
-                   ReplicaLoad("cold", (1,), 2, 7, False, 1, False, 0.1, 30e9)]))
-    (stop,) = s.schedule(gmg_two_tenants(), 0.0).guest_stops
-    assert (stop.tenant, stop.devices) == ("hot", (1,))
+def scheduler(**cfg):
+    return SliceScheduler(MODELS, SliceSchedConfig(check_interval_s=1e-6, **cfg), capacity_bytes=72e9)
 
 
-def test_guest_slices_wait_while_owner_iteration_has_no_slack():
-    g = gmg_two_tenants()
-    s = SliceScheduler({"hot": "llama-2-7b", "cold": "llama-2-7b"})
-    s.attach(View([ReplicaLoad("hot", (1,), 0, 1, False, 1, True, 0.0, 1e9),
-                   ReplicaLoad("cold", (1,), 0, 1, False, 1, False, 0.0, 30e9)]))
-    s.schedule(g, 0.0)  # learns that group 1 hosts a guest
-    g.add_iteration(build_iteration(M, BatchShape.decode(8, 100), tenant="cold"), 0.0, home=1)
-    guest = g.add_iteration(build_iteration(M, BatchShape.decode(8, 100), tenant="hot"), 0.0, home=1)
-    d = s.schedule(g, 0.0)
-    # the view offers no SLA, so the owner iteration has no slack: only the owner is placed
-    assert [p.first_slice for p in d.placements if p.first_slice >= guest.slice_base] == []
+def staged(g, sim, s, mirror=0.0):
+    """Let the scheduler stage shards for `hot` on device 1 and the copies land."""
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    (st,) = s.schedule(g, sim.now).shard_stages
+    sim.apply(SchedulerDecision(sim.now, weight_copies=st.weight_copies()))
+    sim.run()
+    return st, ShardLease(st.tenant, st.home, st.devices, st.blocks, st.lent_bytes, mirror)
 
 
-def test_guest_slices_run_freely_while_owner_is_idle():
-    g = gmg_two_tenants()
-    s = SliceScheduler({"hot": "llama-2-7b", "cold": "llama-2-7b"}, guest_run_slices=3)
-    s.attach(View([ReplicaLoad("hot", (1,), 0, 1, False, 1, True, 0.0, 1e9)]))
-    s.schedule(g, 0.0)
-    guest = g.add_iteration(build_iteration(M, BatchShape.decode(8, 100), tenant="hot"), 0.0, home=1)
-    (p,) = s.schedule(g, 0.0).placements
-    assert (p.first_slice, p.group, p.num_slices) == (guest.slice_base, 1, 3)
+# ---- staging and its memory what-if ------------------------------------------------------------
+def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
+    g, sim = two_tenants()
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    (st,) = s.schedule(g, sim.now).shard_stages
+    assert (st.tenant, st.home, st.devices, st.src_devices) == ("hot", (0,), (1,), (0,))
+    assert st.blocks == tuple(range(2 * M.layers + 2))
+    full = g.resident["hot"][:, 0].sum()
+    assert st.bytes_per_device == pytest.approx(full / 2, rel=0.01)  # its shard at tensor parallel 2
+    # room for a mirror of the KV heads of the shard: half of the replica's pool, within lend_frac
+    pool = HOT_BUSY.kv_free_bytes / (1 - HOT_BUSY.kv_used_frac)
+    assert st.kv_mirror_bytes == pytest.approx(min(pool / 2, COLD_IDLE.kv_free_bytes * 0.5 - st.bytes_per_device))
+
+
+def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():
+    g, sim = two_tenants()
+    # the device is fuller than the lender's engine reports (e.g. memory held outside its pool):
+    # only the simulator's ledger knows, and only a what-if fork sees the overflow coming
+    assert sim.alloc_kv(1, 60e9, "cold") is None
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    d = s.schedule(g, sim.now)
+    assert d.shard_stages == ()
+    assert s.report.memory_rejections == 1
+
+
+def test_no_staging_on_a_busy_lender_or_for_an_idle_tenant():
+    g, sim = two_tenants()
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.1, 55e9)]))
+    assert s.schedule(g, sim.now).shard_stages == ()
+    s.attach(View(sim, [ReplicaLoad("hot", (0,), 0, 0, False, 0, False, 0.0, 50e9), COLD_IDLE]))
+    assert s.schedule(g, sim.now).shard_stages == ()
+
+
+# ---- per-iteration placement and the lender's SLA ----------------------------------------------
+def wide_slices(g, d, union):
+    return {x for p in d.placements if p.group == union for x in p.slice_ids()}
+
+
+def test_mlp_slices_of_a_busy_tenant_go_wide_when_the_lender_is_idle():
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    h = sim.add_iteration(build_iteration(M, BatchShape.prefill(4096), tenant="hot"), home=g.cluster.group_id((0,)))
+    d = s.schedule(g, sim.now)
+    union = g.cluster.group_id((0, 1))
+    it = g.iterations[h.key]
+    expect = {it.base + i for i in np.flatnonzero(mlp_slices(it.graph))}
+    assert wide_slices(g, d, union) == expect
+    assert s.report.wide_iterations == 1
+
+
+def test_whole_iterations_go_tensor_parallel_over_the_union_while_the_kv_mirror_has_room():
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s, mirror=8e9)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    h = sim.add_iteration(build_iteration(M, BatchShape.prefill(2048), tenant="hot"), home=g.cluster.group_id((0,)))
+    (p,) = s.schedule(g, sim.now).placements
+    assert (p.first_slice, p.group, p.num_slices) == (h.slice_base, g.cluster.group_id((0, 1)), h.num_slices)
+    assert s.report.whole_iterations == 1
+    # a mirror without room for this iteration's KV: only the MLP slices may leave home
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s, mirror=1e6)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    sim.add_iteration(build_iteration(M, BatchShape.prefill(2048), tenant="hot"), home=g.cluster.group_id((0,)))
+    d = s.schedule(g, sim.now)
+    assert s.report.whole_iterations == 0 and s.report.wide_iterations == 1
+    assert all(p.num_slices == 1 for p in d.placements if p.group == g.cluster.group_id((0, 1)))
+
+
+def lender_arrives(tpot_s):
+    g, sim = two_tenants()
+    s = scheduler(whatif_reuse_s=0.0)
+    _, lease = staged(g, sim, s)
+    slas = {"cold": SLA(1.0, tpot_s)}
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], slas, leases=[lease]))
+    hot = sim.add_iteration(build_iteration(M, BatchShape.prefill(4096), tenant="hot"), home=g.cluster.group_id((0,)))
+    sim.execute(s.schedule(g, sim.now), until=sim.now + 2e-3)  # the loan is running
+    sim.add_iteration(build_iteration(M, BatchShape.decode(16, 512), tenant="cold"), home=g.cluster.group_id((1,)))
+    d = s.schedule(g, sim.now)
+    sim.apply(d)
+    it = g.iterations[hot.key]
+    ids = np.arange(it.base, it.base + it.graph.num_slices)
+    unstarted = g.get("state", ids) < 2
+    on_union = g.get("group", ids) == g.cluster.group_id((0, 1))
+    return s, int((unstarted & on_union).sum()), int(unstarted.sum())
+
+
+def test_the_lender_gets_its_device_back_when_the_loan_would_break_its_sla():
+    s, wide_left, unstarted = lender_arrives(tpot_s=1e-3)
+    assert unstarted > 10 and wide_left == 0
+    assert s.report.give_backs == 1 and s.report.slack_rejections >= 1
+
+
+def test_the_loan_goes_on_while_the_lender_stays_inside_its_slack():
+    s, wide_left, _ = lender_arrives(tpot_s=10.0)
+    assert wide_left > 0 and s.report.give_backs == 0
+
+
+def test_no_loan_over_a_slow_fabric_where_it_would_not_end_sooner():
+    # hot on node 0, the idle device on node 1: every MLP slice's input and all-reduce cross 100G Ethernet
+    g, sim = two_tenants(nodes=2, per_node=1, inter_link="eth-100g")
+    s = scheduler()
+    _, lease = staged(g, sim, s)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    sim.add_iteration(build_iteration(M, BatchShape.prefill(4096), tenant="hot"), home=g.cluster.group_id((0,)))
+    d = s.schedule(g, sim.now)
+    assert wide_slices(g, d, g.cluster.group_id((0, 1))) == set()
+    assert s.report.gain_rejections == 1
+
+
+# ---- a replay --------------------------------------------------------------------------------
+HOT_COLD = """
+    seed = 1
+    [cluster]
+    devices_per_node = 2
+    [[tenants]]
+    name = "hot"
+    model = "llama-2-7b"
+    [[tenants]]
+    name = "cold"
+    model = "llama-2-7b"
+    [[streams]]
+    source = "synthetic"
+    tenants = ["hot"]
+    rate = 40.0
+    prompt_mean = 1024
+    output_mean = 16
+    [[streams]]
+    source = "synthetic"
+    tenants = ["cold"]
+    rate = 0.5
+    output_mean = 16
+    [replay]
+    duration_s = 0.4
+    drain_s = 5
+"""
+
+
+def replay(text):
+    sc = parse_scenario(tomllib.loads(textwrap.dedent(text)))
+    cost = make_cost_model("roofline")
+    s = make_scheduler("slicesched", sc)
+    d = ReplayDriver(sc, s, scenario_trace(sc, 1.0, sc.replay.duration_s), cost=cost, slas=isolated_slas(sc, cost))
+    return s, d, d.run()
+
+
+def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
+    s, d, r = replay(HOT_COLD)
+    assert r.stats.ooms == 0 and d.shards_staged == 1
+    assert s.report.wide_iterations > 0 and s.report.slices_away > 0
+    assert s.report.whole_iterations > 0 and d.kv_bytes_moved > 0  # the borrowed heads' KV came home
+    assert r.tenant_busy[1].get("hot", 0.0) > 0.01  # compute seconds of hot on the cold device
+    assert all(q.finish_s is not None for q in r.requests)
+    rep = r.stats.scheduler_report  # what it did, for the run's summary
+    assert rep["wide_iterations"] == s.report.wide_iterations and rep["kv_bytes_moved"] == d.kv_bytes_moved
+
+
+def test_settings_come_from_the_scenario_table():
+    sc = parse_scenario(tomllib.loads(textwrap.dedent(HOT_COLD + """
+        [schedulers.slicesched]
+        lender_slack_frac = 0.25
+    """)))
+    s = make_scheduler("slicesched", sc)
+    assert s.cfg.lender_slack_frac == 0.25 and s.cfg.min_gain_frac == SliceSchedConfig().min_gain_frac

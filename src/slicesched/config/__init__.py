@@ -1,7 +1,8 @@
 """Typed, validated configuration: scenario files."""
 
-from slicesched.config.scenario import (ClusterConfig, ReallocConfig, ReplayConfig, Scenario, TenantConfig,
-                                        load_scenario, parse_scenario, shared_dir)
+from slicesched.config.scenario import (ClusterConfig, ReallocConfig, ReplayConfig, Scenario, SchedulersConfig,
+                                        SliceSchedConfig, TenantConfig, load_scenario, parse_scenario, shared_dir)
 
-__all__ = ["ClusterConfig", "ReallocConfig", "ReplayConfig", "Scenario", "TenantConfig", "load_scenario", "parse_scenario",
+__all__ = ["ClusterConfig", "ReallocConfig", "ReplayConfig", "Scenario", "SchedulersConfig", "SliceSchedConfig",
+           "TenantConfig", "load_scenario", "parse_scenario",
            "shared_dir"]

@@ -170,10 +170,47 @@ class ReallocConfig(_Strict):
                                "leave this share of usable memory for KV cache")
 
 
-class SchedulerSettings(_Strict):
+class SliceSchedConfig(_Strict):
+    """SliceScheduler's settings: one default for every scenario (DESIGN.md 4); a scenario may
+    override them in a `[schedulers.slicesched]` table."""
+
+    check_interval_s: float = Field(0.05, gt=0, description="simulated seconds between lease (shard staging and "
+                                    "release) decisions; slice placement runs at every call")
+    horizon_s: float = Field(0.5, gt=0, description="at most this far a what-if fork runs ahead to see an "
+                           "iteration end (else twice the iteration's cost-model duration)")
+    stage_horizon_s: float = Field(0.05, gt=0, description="what-if horizon of the memory check before staging")
+    lender_slack_frac: float = Field(0.1, ge=0, description="a lender's iteration may be delayed by borrowed "
+                                     "slices by at most this share of its TPOT SLO (predicted by a what-if)")
+    min_gain_frac: float = Field(0.02, ge=0, description="borrow devices for an iteration only if the what-if "
+                                 "predicts it ends at least this share of its home duration sooner")
+    whatif_reuse_s: float = Field(0.25, ge=0, description="with no lender work live, a what-if verdict is "
+                                  "reused this long for iterations of the same shape class (0: simulate every one)")
+    min_idle_share: float = Field(0.5, ge=0, le=1, description="a lender's devices must have been idle this "
+                                  "share of the last idle_window_s")
+    idle_window_s: float = Field(1.0, gt=0, description="window of the idle history that ranks lenders")
+    forecast_weight: float = Field(0.05, gt=0, le=1, description="weight of each check's load in a tenant's "
+                                   "load forecast (exponential average of requests per replica)")
+    borrower_share: float = Field(0.5, ge=0, le=1, description="only tenants whose load forecast is at least "
+                                  "this share of the hottest tenant's borrow; leases of others are released")
+    lender_forecast_frac: float = Field(0.25, ge=0, description="a tenant lends only if its load forecast is at "
+                                        "most this share of the borrower's")
+    lender_max_load: int = Field(0, ge=0, description="a replica lends devices only with at most this many "
+                                 "requests of its own")
+    lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
+                             "staged shards")
+    reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "
+                                   "KV pool is this full")
+    reclaim_load: int = Field(2, ge=1, description="shards are released when their lender has this many "
+                              "requests of its own (its load is back)")
+    calm_release_s: float = Field(2.0, gt=0, description="shards are released after the tenant's home replica "
+                                  "has had no request for this long")
+
+
+class SchedulersConfig(_Strict):
     """Per-scheduler settings (`[schedulers.<name>]`)."""
 
     realloc: ReallocConfig = ReallocConfig()
+    slicesched: SliceSchedConfig = SliceSchedConfig()
 
 
 class Scenario(_Strict):
@@ -183,7 +220,7 @@ class Scenario(_Strict):
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
     streams: tuple[Stream, ...] = Field(min_length=1)
     replay: ReplayConfig = ReplayConfig()
-    schedulers: SchedulerSettings = SchedulerSettings()
+    schedulers: SchedulersConfig = SchedulersConfig()
     source_path: str | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

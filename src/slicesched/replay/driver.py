@@ -13,6 +13,7 @@ schedulers that look ahead use the cost model alone.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
-                                        SchedulerDecision, WeightCopy, WeightEviction)
+                                        SchedulerDecision, ShardLease, ShardRelease, ShardStage, WeightCopy,
+                                        WeightEviction)
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
                                 count_violations)
 from slicesched.sim import Perturbation, Simulator
@@ -62,6 +64,16 @@ class ReplicaState:
         return (self.load + 1) / max(self.engine.kv.capacity_tokens, 1)
 
 
+@dataclass(slots=True, eq=False)
+class _Lease:
+    """Staged shards (SliceScheduler) and the memory lent for them."""
+
+    stage: ShardStage
+    lent: list[tuple[ReplicaState, int]]
+    mirror_charged: float = 0.0  # KV mirror bytes per device in the ledger
+    unsynced: int = 0  # tokens whose KV the mirror lacks (computed at home since the last sync)
+
+
 @dataclass(frozen=True, slots=True)
 class RunStats:
     wall_s: float
@@ -73,6 +85,7 @@ class RunStats:
     guests: int
     over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
     stopped_early: bool = False  # ended at `stop_after_violations`, not when every request had finished
+    scheduler_report: dict = field(default_factory=dict)  # `Scheduler.run_report()`, plus shard/KV bytes moved
 
 
 @dataclass(slots=True)
@@ -139,6 +152,11 @@ class ReplayDriver:
         self.rejected = 0
         self.over_context = 0
         self.guests_started = 0
+        self._leases: dict[tuple[str, tuple[int, ...]], _Lease] = {}  # staged shards
+        self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
+        self.shards_staged = 0
+        self.shard_bytes_moved = 0.0
+        self.kv_bytes_moved = 0.0
         self._group_busy: dict[str, np.ndarray] = {}  # tenant -> compute seconds per device group
         scheduler.attach(self)
 
@@ -174,6 +192,15 @@ class ReplayDriver:
         """The replay's simulator, for schedulers that fork it for what-if predictions."""
         return self.sim
 
+    def whatif(self) -> Simulator:
+        """The what-if service (`sched.interface.WhatIf`): the simulator, whose `fork()` predicts."""
+        return self.sim
+
+    def shard_leases(self) -> tuple[ShardLease, ...]:
+        return tuple(ShardLease(ls.stage.tenant, ls.stage.home, ls.stage.devices, ls.stage.blocks,
+                                ls.stage.lent_bytes, ls.stage.kv_mirror_bytes, ls.mirror_charged)
+                     for ls in self._leases.values())
+
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return [rs for rs in self.replicas if rs.replica.tenant == tenant]
 
@@ -195,6 +222,8 @@ class ReplayDriver:
                 i += 1
             for rs in self._activate_loaded(now):
                 dirty[rs] = None
+            while self._syncs and self._syncs[0][0] <= now:  # wide iterations whose KV sync is done
+                dirty[self._complete(heapq.heappop(self._syncs)[1], now, synced=True)] = None
             for rs in dirty:
                 self._launch_batches(rs, now)
             dirty.clear()
@@ -206,7 +235,12 @@ class ReplayDriver:
                 g = self._start_guest(start, now)
                 if g is not None:
                     dirty[g] = None
-            wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon)
+            for rel in decision.shard_releases:
+                dirty.update(dict.fromkeys(self._release_shards(rel, now)))
+            for st in decision.shard_stages:
+                self._stage_shards(st, now)
+            wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon,
+                       self._syncs[0][0] if self._syncs else math.inf)
             if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
             outcome = self.sim.execute(decision, until=wake, wake=self.scheduler.wake_on())
@@ -282,7 +316,12 @@ class ReplayDriver:
         self.iterations += 1
         self._charge_kv(rs, now)
 
-    def _complete(self, key: int, t: float) -> ReplicaState:
+    def _complete(self, key: int, t: float, synced: bool = False) -> ReplicaState:
+        if not synced and self._leases:
+            delay = self._kv_sync_s(key)
+            if delay > 0:  # done once its KV shard is copied home (and the mirror caught up)
+                heapq.heappush(self._syncs, (t + delay, key))
+                return self.inflight[key][0]
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t)
         self._attribute(self.gmg.iterations[key])
@@ -341,6 +380,8 @@ class ReplayDriver:
         elif delta < 0:
             self.sim.free_kv(rs.replica.devices, -delta, rs.replica.tenant)
         rs.kv_charged = used
+        if self._leases:
+            self._charge_mirror(rs)
 
     def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
         """An OOM is paid for: every replica on the device preempts and recomputes its requests."""
@@ -444,6 +485,86 @@ class ReplayDriver:
             WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
             for blk in range(2 * self.models[tenant].layers + 2))))
 
+    # ---- staged weight shards (SliceScheduler) ------------------------------------------------
+    def _stage_shards(self, st: ShardStage, now: float) -> bool:
+        """Lend the shards' memory from the devices' owners (all or nothing) and copy them there
+        through the simulator (link time and memory paid). Refused if a lease holds the devices."""
+        devs = tuple(st.devices)
+        if any(set(devs) & set(k[1]) for k in self._leases):
+            return False
+        lent = self._borrow(devs, st.lent_bytes)
+        if lent is None:
+            return False
+        self.sim.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
+        home = next((rs for rs in self.replicas if rs.replica.tenant == st.tenant and not rs.guest
+                     and rs.replica.devices == tuple(st.home)), None)
+        unsynced = home.engine.kv.used_blocks * BLOCK_TOKENS if home is not None else 0
+        self._leases[(st.tenant, devs)] = _Lease(st, lent, unsynced=unsynced)
+        self.shards_staged += 1
+        self.shard_bytes_moved += st.bytes_per_device * len(devs)
+        if home is not None:
+            self._charge_mirror(home)
+        return True
+
+    def _lease_of(self, rs: ReplicaState) -> "_Lease | None":
+        return next((ls for ls in self._leases.values() if ls.stage.tenant == rs.replica.tenant
+                     and tuple(ls.stage.home) == rs.replica.devices), None)
+
+    def _charge_mirror(self, rs: ReplicaState) -> None:
+        """Keep the KV mirror on a lease's devices in step with the replica's KV (its heads of the
+        union's shard, up to the mirror's room), in the memory ledger like any KV."""
+        ls = self._lease_of(rs)
+        if ls is None or ls.stage.kv_mirror_bytes <= 0:
+            return
+        m = self.models[rs.replica.tenant]
+        union_tp = len(ls.stage.home) + len(ls.stage.devices)
+        want = min(rs.engine.kv.used_blocks * BLOCK_TOKENS * m.kv_bytes_per_token() / union_tp,
+                   ls.stage.kv_mirror_bytes)
+        delta = want - ls.mirror_charged
+        if delta > 0:
+            oom = self.sim.alloc_kv(ls.stage.devices, delta, rs.replica.tenant)
+            if oom is not None:
+                self._on_oom(oom)
+                return
+        elif delta < 0:
+            self.sim.free_kv(ls.stage.devices, -delta, rs.replica.tenant)
+        ls.mirror_charged = want
+
+    def _kv_sync_s(self, key: int) -> float:
+        """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed
+        heads there: copying it home (and the KV of tokens computed at home since the last such
+        iteration to the mirror) takes this long over the link; 0 for any other iteration."""
+        rs, batch = self.inflight[key]
+        ls = self._lease_of(rs)
+        if ls is None:
+            return 0.0
+        it = self.gmg.iterations[key]
+        union = self.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))
+        if int(self.gmg.raw("group")[it.base & self.gmg.mask]) != union:  # not whole (at most MLP slices)
+            ls.unsynced += batch.num_tokens
+            return 0.0
+        m = self.models[rs.replica.tenant]
+        union_tp = len(ls.stage.home) + len(ls.stage.devices)
+        nbytes = (batch.num_tokens + ls.unsynced) * m.kv_bytes_per_token() / union_tp
+        ls.unsynced = 0
+        self.kv_bytes_moved += nbytes * len(ls.stage.devices)
+        link = self.cluster.link(ls.stage.home[0], ls.stage.devices[0])
+        return self.cost.transfer_time(nbytes, link)
+
+    def _release_shards(self, rel: ShardRelease, now: float) -> list[ReplicaState]:
+        """Evict staged shards and give the lent KV blocks back (their owners may batch again)."""
+        lease = self._leases.pop((rel.tenant, tuple(rel.devices)), None)
+        if lease is None:
+            return []
+        st, lent = lease.stage, lease.lent
+        if lease.mirror_charged > 0:
+            self.sim.free_kv(st.devices, lease.mirror_charged, st.tenant)
+        self.sim.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
+        for owner, n in lent:
+            owner.engine.kv.reclaim(n)
+        return [owner for owner, _ in lent]
+
     # ---- container moves (realloc baseline) -------------------------------------------------
     def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
         """Start each move: the replica takes no new requests, its queued ones go to the tenant's
@@ -505,7 +626,10 @@ class ReplayDriver:
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
         stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
-                         self.rejected, self.guests_started, self.over_context, self.stopped_early)
+                         self.rejected, self.guests_started, self.over_context, self.stopped_early,
+                         {**self.scheduler.run_report(), **({"shard_bytes_moved": self.shard_bytes_moved,
+                                                             "kv_bytes_moved": self.kv_bytes_moved}
+                                                            if self.shards_staged else {})})
         timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.record_timeline else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,

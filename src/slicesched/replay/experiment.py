@@ -64,6 +64,7 @@ class RunSummary:
     over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
     harvest: HarvestSummary | None = None  # per device: share of idle slices running other tenants' work
     stopped_early: bool = False  # ended at RunSpec.stop_above: the violation rate is a lower bound
+    scheduler_report: dict | None = None  # what the scheduler did (`Scheduler.run_report()`)
 
     @property
     def violation_rate(self) -> float:
@@ -107,7 +108,8 @@ def _summarize(res: RunResult, seed: int = 0, detail: bool = True) -> RunSummary
     return RunSummary(res.scheduler, res.rate_scale, seed, summary, frame, busy, res.num_devices,
                       res.makespan_s, s.wall_s, s.iterations, s.op_events, s.ooms, s.container_moves, s.guests,
                       s.rejected, res.timeline, s.over_context,
-                      harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s), s.stopped_early)
+                      harvest_share(res.busy, res.tenant_busy, res.home, res.makespan_s), s.stopped_early,
+                      s.scheduler_report)
 
 
 def _run_task(args: tuple[Scenario, RunSpec, float | None]) -> RunSummary:

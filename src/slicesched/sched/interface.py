@@ -19,6 +19,8 @@ from slicesched.registry import Registry
 
 if TYPE_CHECKING:
     from slicesched.gmg.graph import GlobalMappingGraph
+    from slicesched.serving.sla import SLA
+    from slicesched.sim.prediction import Prediction
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class WeightCopy:
     block: int
     src_device: int
     dst_device: int
+    nbytes: float = 0.0  # bytes to copy (a shard for a wider tensor-parallel group); 0: the source's block
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,62 @@ class GuestStop:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardStage:
+    """Stage `tenant`'s weight shards on `devices` of other containers, ahead of need, so that its
+    slices may later run tensor-parallel over its home `home` plus these devices (the union).
+    Block `blocks[j]` is copied as `shard_bytes[j]` bytes (its shard at the union's degree) from
+    `src_devices[i]` (a home device) to `devices[i]`. The driver lends the memory from the
+    devices' owners' free KV blocks, all or nothing, and refuses the stage if it cannot."""
+
+    tenant: str
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    src_devices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    shard_bytes: tuple[float, ...]
+    kv_mirror_bytes: float = 0.0  # per device: room for a copy of the tenant's KV heads of this shard
+
+    @property
+    def bytes_per_device(self) -> float:
+        """Weight bytes staged on each device."""
+        return float(sum(self.shard_bytes))
+
+    @property
+    def lent_bytes(self) -> float:
+        """Memory the owners lend per device: the shards plus the KV mirror."""
+        return self.bytes_per_device + self.kv_mirror_bytes
+
+    def weight_copies(self) -> tuple[WeightCopy, ...]:
+        return tuple(WeightCopy(self.tenant, b, src, dst, nb) for src, dst in zip(self.src_devices, self.devices)
+                     for b, nb in zip(self.blocks, self.shard_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRelease:
+    """Evict the shards staged for `tenant` on `devices` and give the memory back to its owners.
+    The scheduler issues it only when no live slice of the tenant is mapped onto those devices."""
+
+    tenant: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLease:
+    """Shards a driver holds staged: `tenant` (home `home`) on borrowed `devices`, with
+    `lent_bytes` per device lent by their owners; `kv_mirror_bytes` of them hold a copy of the
+    tenant's KV heads of this shard (`kv_mirror_used` in use), which lets whole iterations run
+    tensor-parallel over the union while it has room."""
+
+    tenant: str
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    lent_bytes: float
+    kv_mirror_bytes: float = 0.0
+    kv_mirror_used: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerDecision:
     """Everything a scheduler decided at one instant; backends must not modify it."""
 
@@ -118,11 +177,13 @@ class SchedulerDecision:
     container_moves: tuple[ContainerMove, ...] = ()
     guest_starts: tuple[GuestStart, ...] = ()
     guest_stops: tuple[GuestStop, ...] = ()
+    shard_stages: tuple[ShardStage, ...] = ()
+    shard_releases: tuple[ShardRelease, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.placements or self.weight_copies or self.evictions or self.container_moves
-                    or self.guest_starts or self.guest_stops)
+                    or self.guest_starts or self.guest_stops or self.shard_stages or self.shard_releases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +290,33 @@ class ServingView(Protocol):
         ...
 
 
+class WhatIfFork(Protocol):
+    """A forked simulation: takes candidate decisions and runs ahead (`sim.Simulator.fork()`)."""
+
+    now: float
+
+    def apply(self, decision: SchedulerDecision) -> None: ...
+
+    def simulate(self, horizon_s: float) -> "Prediction": ...
+
+
+class WhatIf(Protocol):
+    """The what-if service: a fork of the backend's current state, predicting from the cost model."""
+
+    def fork(self) -> WhatIfFork: ...
+
+
+class PlacementView(ServingView, Protocol):
+    """What an operator-level scheduler needs of the driver: loads, every tenant's SLA, the
+    what-if service and the shards it holds staged. SliceScheduler requires all of it."""
+
+    def sla_of(self, tenant: str) -> "SLA | None": ...
+
+    def whatif(self) -> WhatIf: ...
+
+    def shard_leases(self) -> tuple[ShardLease, ...]: ...
+
+
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
@@ -269,6 +357,11 @@ class Scheduler(ABC):
         Reads the GMG (it must not mutate it) and returns the placements for ready, unmapped
         slices; slices it leaves unplaced are offered again at the next call.
         """
+
+    def run_report(self) -> dict[str, float]:
+        """Called by the driver once at the end of a run: what the scheduler did, as named
+        counts (e.g. SliceScheduler's slices placed away from home, what-if calls). Default: none."""
+        return {}
 
     def update(self, outcome: StepOutcome) -> None:
         """Called by the driver after the backend ran decisions, with what actually happened

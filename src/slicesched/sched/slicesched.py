@@ -1,298 +1,489 @@
-"""SliceScheduler: operator slices of overloaded tenants run in other containers' idle slices.
+"""SliceScheduler: a busy tenant's iterations run tensor-parallel over its own devices plus
+idle devices of other containers, decided per iteration by what-if simulation.
 
-Policy (first version), on top of `dedicated`:
+Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
 
-- Every tenant's own iterations run on their home container, placed whole, as in `dedicated`.
-- When a tenant is overloaded (queued requests, a full KV pool, or more concurrent requests per
-  replica than `overload_load`) and another container of the same size is idle, it starts a
-  *guest* there: the tenant's weights are copied from its own container over the cluster
-  fabric, the idle owner lends unused KV-cache memory, and the tenant's queued requests move
-  to the guest. A what-if fork of the simulator first checks the copy against the devices'
-  predicted memory over the next `whatif_horizon_s` (no predicted OOM, room for the guest's KV).
-- Guest slices are placed lazily, a few at a time (`guest_run_slices`, and no more than
-  `guest_run_s` of predicted time beyond the first). While the owner has no live
-  iteration, they run freely (the owner waits at most one short run when its work returns).
-  While the owner is busy, a run is slipped between its slices only if the owner iteration
-  stays inside its SLA: a what-if fork predicts the owner iteration's duration once, and guest
-  runs may add up to `owner_slack_frac` x TPOT SLO minus that prediction.
-- When the owner needs its memory back (its KV filling), the guest stops at once: its requests
-  return to the tenant's own replicas (recomputed). When the owner's load returns, the guest
-  drains instead: no new requests, released when its running ones finish (the owner keeps
-  priority meanwhile). A guest idle for `idle_release_s` while its tenant is calm is released.
+- *Leases* (every `check_interval_s`). Only the hottest tenants borrow (load forecast at least
+  `borrower_share` of the hottest's): each home replica leases as many devices as it has from
+  calm containers (no requests of their own beyond `lender_max_load`, forecast at most
+  `lender_forecast_frac` of the borrower's; same node first, then calmest, then idlest recent
+  history over `idle_window_s`; a lender never borrows, a borrower's devices are never lent).
+  `ShardStage` copies the tenant's weight shards at the union's degree there, ahead of need, in
+  memory the owners lend from their free KV pool (at most `lend_frac`), part of it a KV mirror
+  for the borrower's KV heads of the shard. A what-if fork applies the copies and runs
+  `stage_horizon_s` ahead first: refused on a predicted OOM or a peak beyond capacity.
+  `ShardRelease` gives the memory back when the lender's KV pool fills (`reclaim_kv_frac`) or
+  its load returns (`reclaim_load`), when the borrower is calm or no longer among the hottest,
+  once no unfinished slice of the borrower is mapped there.
+- *Placement* (every call). Each live iteration of a leased replica runs WHOLE (every slice
+  tensor-parallel over the union; needs room in the KV mirror; the driver then pays the copy of
+  the borrowed heads' KV home before the iteration completes), MLP (only MLP slices on the union:
+  no KV needed there; activations move over the fabric in the simulator) or HOME. Two what-if
+  forks (home and the candidate, with everything placed so far) decide: wide only if the
+  iteration ends at least `min_gain_frac` sooner and every live lender iteration ends at most
+  `lender_slack_frac` x its TPOT SLO later than without the loan. With no lender work live the
+  verdict depends only on the shape and hardware and is reused for `whatif_reuse_s`.
+- The lender has priority: when its own iteration appears the check is re-run and, unless the
+  loan stays inside its slack, the borrower's unstarted slices are mapped back home (the lender
+  gets its devices at the next slice boundary); when the lender is idle again they may go wide.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from slicesched.config.scenario import SliceSchedConfig
 from slicesched.gmg.builder import block_weight_bytes
-from slicesched.gmg.graph import GlobalMappingGraph
+from slicesched.gmg.graph import GlobalMappingGraph, SliceState
+from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, GuestStart, GuestStop, ReplicaLoad, Scheduler,
-                                        SchedulerDecision, ServingView, SlicePlacement)
+from slicesched.sched.interface import (SCHEDULERS, PlacementView, ReplicaLoad, Scheduler, SchedulerDecision,
+                                        ShardLease, ShardRelease, ShardStage, SlicePlacement)
+
+HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
+_RUNNING = int(SliceState.RUNNING)
+_DONE = int(SliceState.DONE)
+
+
+def _tp_ok(model: str, tp: int) -> bool:
+    m = model_spec(model)
+    return m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0
+
+
+def mlp_slices(graph: IterationGraph) -> np.ndarray:
+    """bool [num_slices]: slices made only of a layer's MLP half (need no KV cache)."""
+    return _mlp_mask(graph.model, graph.tp, graph.grain, graph.num_slices, graph)
+
+
+_MASKS: dict[tuple, np.ndarray] = {}
+
+
+def _mlp_mask(model: str, tp: int, grain, n: int, graph: IterationGraph) -> np.ndarray:
+    key = (model, tp, grain, n)
+    m = _MASKS.get(key)
+    if m is None:
+        wb = graph.wblock.astype(np.int64)
+        lo, hi = np.minimum.reduceat(wb, graph.slice_first), np.maximum.reduceat(wb, graph.slice_first)
+        L2 = 2 * model_spec(model).layers
+        m = _MASKS[key] = (lo == hi) & (lo % 2 == 1) & (lo < L2)
+    return m
+
+
+def _bucket(x: int) -> int:
+    return int(x).bit_length()
+
+
+@dataclass(slots=True)
+class RunReport:
+    """What SliceScheduler did in one run (issue 10, item 8)."""
+
+    wide_iterations: int = 0  # iterations with slices placed on borrowed devices
+    whole_iterations: int = 0  # of which every slice ran tensor-parallel over the union
+    slices_away: int = 0  # slices mapped onto a union group (home + borrowed devices)
+    give_backs: int = 0  # iterations mapped back home because a lender's own work arrived
+    stages: int = 0  # ShardStage decisions issued
+    releases: int = 0
+    staged_bytes: float = 0.0  # weight bytes the stages asked to copy (all devices)
+    whatif_calls: int = 0
+    memory_rejections: int = 0  # stages refused by the memory what-if
+    slack_rejections: int = 0  # loans refused because a lender would leave its SLA slack
+    gain_rejections: int = 0  # loans refused because the iteration would not end sooner
+    decision_s: list[float] = field(default_factory=list)
+    whatif_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        del d["decision_s"]
+        d["decisions"] = len(self.decision_s)
+        if self.decision_s:
+            p50, p99 = np.percentile(self.decision_s, [50, 99])
+            d["decision_p50_ms"], d["decision_p99_ms"] = float(p50) * 1e3, float(p99) * 1e3
+        return d
+
+
+@dataclass(slots=True)
+class _Lease:
+    tenant: str
+    home_group: int
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    union: int  # group id of home + borrowed devices
+    blocks: tuple[int, ...]
+    mirror_bytes: float = 0.0
+    mirror_used: float = 0.0
 
 
 @SCHEDULERS.register("slicesched")
 class SliceScheduler(Scheduler):
     name = "slicesched"
 
-    def __init__(self, models: dict[str, str] | None = None, *, check_interval_s: float = 0.05,
-                 guest_run_slices: int = 4, overload_load: float = 16.0, kv_lend_frac: float = 0.7,
-                 min_guest_kv_bytes: float = 4e9, owner_reclaim_load: int = 8, reclaim_kv_frac: float = 0.6,
-                 owner_slack_frac: float = 0.5, max_guests: int = 4, idle_release_s: float = 1.0,
-                 overload_waiting: int = 4, guest_run_s: float = 0.002, min_idle_share: float = 0.7,
-                 idle_window_s: float = 1.0,
-                 whatif_horizon_s: float = 0.05, capacity_bytes: float = 80e9) -> None:
+    def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
+                 capacity_bytes: float = 80e9) -> None:
         self.models = models or {}
-        self.check_interval_s = check_interval_s
-        self.guest_run_slices = guest_run_slices
-        self.overload_load = overload_load
-        self.kv_lend_frac = kv_lend_frac
-        self.min_guest_kv_bytes = min_guest_kv_bytes
-        self.owner_reclaim_load = owner_reclaim_load
-        self.reclaim_kv_frac = reclaim_kv_frac
-        self.whatif_horizon_s = whatif_horizon_s
+        self.cfg = config or SliceSchedConfig()
         self.capacity_bytes = capacity_bytes
-        self.owner_slack_frac = owner_slack_frac
-        self.max_guests = max_guests  # guests per tenant; one more at most per check
-        self.idle_release_s = idle_release_s
-        self.overload_waiting = overload_waiting  # queued requests that mean overload
-        self.guest_run_s = guest_run_s
-        self.min_idle_share = min_idle_share  # hosts must have been this idle recently
-        self.idle_window_s = idle_window_s
-        self._last_busy: dict[tuple[str, tuple[int, ...]], float] = {}
-        self._budget: dict[int, float] = {}  # owner iteration key -> guest seconds it may absorb
-        self._guest_cost: dict[int, np.ndarray] = {}  # guest iteration key -> predicted slice seconds
-        self._cost = None
-        self._view: ServingView | None = None
-        self._guests: dict[int, str] = {}  # guest group -> tenant
+        self.report = RunReport()
+        self._view: PlacementView | None = None
+        self._leases: dict[int, _Lease] = {}  # home group -> lease (resident shards only)
+        self._pending: set[tuple[str, tuple[int, ...]]] = set()  # staged, copies still in flight
+        self._mode: dict[int, tuple[bool, bool]] = {}  # iteration key -> (wide, lender was live)
+        self._last_busy: dict[int, float] = {}  # home group -> last time it had requests
+        self._releasing: set[int] = set()  # home groups whose lease is being given back
         self._next_check = 0.0
-        self.whatif_calls = 0
-        self.whatif_rejections = 0
+        self._now = 0.0
+        self._cost = None
+        self._memo: dict[tuple, tuple[int, float]] = {}  # shape class -> (mode, decided at)
+        self._forecast: dict[str, float] = {}  # tenant -> forecast requests per replica
 
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
         from slicesched.hardware.specs import device_spec
 
         cap = device_spec(scenario.cluster.device).memory_bytes * scenario.replay.gpu_memory_utilization
-        return cls({t.name: t.model for t in scenario.tenants}, capacity_bytes=cap)
+        return cls({t.name: t.model for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
 
-    def attach(self, view: ServingView) -> None:
+    def run_report(self) -> dict[str, float]:
+        return self.report.as_dict()
+
+    def attach(self, view: PlacementView) -> None:  # type: ignore[override]
         self._view = view
 
-    def wants_every_slice(self) -> bool:
-        return bool(self._guests)  # guest slices are placed a few at a time
-
-    def wake_on(self) -> "str | frozenset[int]":
-        """Every slice on the groups hosting guests (their slices are placed a few at a time,
-        between the owner's); elsewhere whole iterations run on."""
-        return frozenset(self._guests) if self._guests else "iteration"
-
-    # ---- placement (every call) -----------------------------------------------------------
+    # ---- every call ---------------------------------------------------------------------------
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
-        starts: tuple[GuestStart, ...] = ()
-        stops: tuple[GuestStop, ...] = ()
-        if self._view is not None and now >= self._next_check:
-            self._next_check = now + self.check_interval_s
-            loads = self._view.replica_loads()
-            self._guests = {r.group: r.tenant for r in loads if r.guest}
-            stops = self._stops(loads, now)
-            starts = self._starts(loads, stops, self._idle_share(gmg, now))
-            for st in starts:  # its first iteration may arrive before the next refresh
-                self._guests[gmg.cluster.group_id(st.devices)] = st.tenant
-        return SchedulerDecision(now, self._placements(gmg), guest_starts=starts, guest_stops=stops)
+        import time
 
-    def _placements(self, gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
-        ready = gmg.unmapped_ready()
-        if not len(ready):
-            return ()
-        homes, mask, out = gmg.col("home"), gmg.mask, []
-        guests = []
-        for s in ready.tolist():  # owners first: what-ifs for guests must see them placed
+        t0 = time.perf_counter()
+        self._now = now
+        stages: tuple[ShardStage, ...] = ()
+        releases: tuple[ShardRelease, ...] = ()
+        if self._view is not None and now >= self._next_check:
+            self._next_check = now + self.cfg.check_interval_s
+            stages, releases = self._refresh_leases(gmg, now)
+        placements = self._placements(gmg, now)
+        self.report.decision_s.append(time.perf_counter() - t0)
+        return SchedulerDecision(now, placements, shard_stages=stages, shard_releases=releases)
+
+    def _placements(self, gmg: GlobalMappingGraph, now: float) -> tuple[SlicePlacement, ...]:
+        homes, mask = gmg.col("home"), gmg.mask
+        out: list[SlicePlacement] = []
+        leased: list[int] = []
+        for s in gmg.unmapped_ready().tolist():  # owners first: the what-ifs must see them placed
             home = int(homes[s & mask])
             it, local = gmg.iteration_of(s)
-            if self._guests.get(home) != it.graph.tenant:  # the group's own tenant: run it whole
-                out.append(SlicePlacement(s, home, it.graph.num_slices - local))
+            lease = self._leases.get(home)
+            if lease is not None and lease.tenant == it.graph.tenant:
+                leased.append(int(gmg.get("iteration", s)))
             else:
-                guests.append((s, home, it, local))
-        if guests:
-            owners = self._owner_iterations(gmg)
-            for s, home, it, local in guests:
-                run = self._run_length(gmg, it, local)
-                keys = {k for d in gmg.cluster.group(home) for k in owners.get(d, ())}
-                if not keys or self._absorb(gmg, keys, it, local, run, out):
-                    out.append(SlicePlacement(s, home, run))
+                out.append(SlicePlacement(s, home, it.graph.num_slices - local))
+        if not self._leases:
+            return tuple(out)
+        live_lender = self._lender_live(gmg)
+        keys = set(leased)
+        for key, it in gmg.iterations.items():  # live iterations already mapped: re-decide on changes
+            lease = self._leases.get(int(homes[it.base & mask]))
+            if lease is not None and lease.tenant == it.graph.tenant and key in self._mode \
+                    and self._mode[key][1] != (lease.union in live_lender or lease.home_group in self._releasing):
+                keys.add(key)
+        for key in sorted(keys):
+            it = gmg.iterations[key]
+            lease = self._leases[int(homes[it.base & mask])]
+            lender_live = lease.union in live_lender
+            if lease.home_group in self._releasing:
+                wide = HOME
+            else:
+                wide = self._decide(gmg, key, lease, out, live_lender.get(lease.union, ()))
+            was = self._mode.get(key)
+            self._mode[key] = (wide, lender_live or lease.home_group in self._releasing)
+            if was is not None and was[0] and not wide:
+                self.report.give_backs += 1
+            if wide and (was is None or not was[0]):
+                self.report.wide_iterations += 1
+                self.report.whole_iterations += wide == WHOLE
+            out += self._mapping(gmg, key, lease, wide, count=True)
+        if len(self._mode) > 4096:
+            self._mode = {k: v for k, v in self._mode.items() if k in gmg.iterations}
         return tuple(out)
 
-    def _run_length(self, gmg: GlobalMappingGraph, it, local: int) -> int:
-        """Guest slices to place at once: at most `guest_run_slices` and, beyond the first, no
-        more than `guest_run_s` of predicted time (an owner arriving waits at most that long)."""
-        secs = self._guest_seconds(gmg, it)[local: local + self.guest_run_slices]
-        return max(1, int(np.searchsorted(np.cumsum(secs), self.guest_run_s, side="right")))
-
-    def _owner_iterations(self, gmg: GlobalMappingGraph) -> dict[int, list[int]]:
-        """Device -> keys of the live iterations of the device's own tenants (not guests)."""
-        homes, mask, out = gmg.col("home"), gmg.mask, defaultdict(list)
+    def _lender_live(self, gmg: GlobalMappingGraph) -> dict[int, tuple[int, ...]]:
+        """Union group -> keys of live iterations of the lease's lenders (their own work)."""
+        if not self._leases:
+            return {}
+        homes, mask = gmg.col("home"), gmg.mask
+        by_dev: dict[int, list[int]] = defaultdict(list)
+        for lease in self._leases.values():
+            for d in lease.devices:
+                by_dev[d].append(lease.union)
+        out: dict[int, list[int]] = defaultdict(list)
         for key, it in gmg.iterations.items():
             h = int(homes[it.base & mask])
-            if h >= 0 and self._guests.get(h) != it.graph.tenant:
-                for d in gmg.cluster.group(h):
-                    out[d].append(key)
+            if h < 0:
+                continue
+            for d in gmg.cluster.group(h):
+                for u in by_dev.get(d, ()):
+                    if key not in out[u]:
+                        out[u].append(key)
+        return {u: tuple(k) for u, k in out.items()}
+
+    def _mapping(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, wide: int,
+                 count: bool = False) -> list[SlicePlacement]:
+        """Placements that map the iteration's unstarted slices home (HOME), its MLP slices on the
+        union (MLP), or all of them on the union (WHOLE)."""
+        it = gmg.iterations[key]
+        n = it.graph.num_slices
+        ids = np.arange(it.base, it.base + n)
+        state = gmg.get("state", ids)
+        group = gmg.get("group", ids)
+        want = np.full(n, lease.home_group, np.int64)
+        if wide == WHOLE:
+            want[:] = lease.union
+        elif wide == MLP:
+            want[mlp_slices(it.graph)] = lease.union
+        todo = np.flatnonzero((state < _RUNNING) & (group != want))
+        if not len(todo):
+            return []
+        if count and wide:
+            self.report.slices_away += int((want[todo] == lease.union).sum())
+        out: list[SlicePlacement] = []
+        # runs of consecutive slices with one target group: one placement each
+        cuts = np.flatnonzero((np.diff(todo) != 1) | (np.diff(want[todo]) != 0)) + 1
+        for part in np.split(todo, cuts):
+            out.append(SlicePlacement(int(ids[part[0]]), int(want[part[0]]), len(part)))
         return out
 
-    def _absorb(self, gmg: GlobalMappingGraph, owner_keys: set[int], guest, local: int, run: int,
-                placed: list[SlicePlacement]) -> bool:
-        """Can every live owner iteration on these devices absorb this guest run within its SLA?"""
-        cost = float(self._guest_seconds(gmg, guest)[local: local + run].sum())
-        budgets = [self._owner_budget(gmg, k, placed) for k in owner_keys]
-        if any(b < cost for b in budgets):
+    def _decide(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, placed: list[SlicePlacement],
+                lender_keys: tuple[int, ...]) -> int:
+        """What-if: does the iteration end sooner wide, with every lender iteration inside its slack?
+
+        With no lender iteration live, the answer depends on the iteration's shape alone (the
+        borrower runs one iteration at a time on its devices) and the hardware, so it is reused
+        for `whatif_reuse_s` for iterations of the same model, group sizes, devices and fabric
+        and shape class (tokens, sequences, context, rounded to powers of two); with a lender
+        live it is always simulated."""
+        memo = None
+        if not lender_keys:
+            shape = gmg.iterations[key].graph.shape
+            c = gmg.cluster
+            memo = (gmg.iterations[key].graph.model, len(lease.home), len(lease.devices),
+                    c.group_intra_link(lease.union).name, c.device_specs[lease.home[0]].name,
+                    _bucket(shape.num_tokens), _bucket(shape.num_seqs), _bucket(shape.kv_tokens_read()))
+        mode = self._candidate(gmg, key, lease)
+        if memo is not None:
+            memo += (mode,)
+            hit = self._memo.get(memo)
+            if hit is not None and self._now - hit[1] < self.cfg.whatif_reuse_s:
+                return hit[0]
+        ok = mode if self._simulate_choice(gmg, key, lease, placed, lender_keys, mode) else HOME
+        if memo is not None:
+            self._memo[memo] = (ok, self._now)
+        return ok
+
+    def _candidate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> int:
+        """WHOLE when the lease's KV mirror has room for this iteration's KV, else MLP."""
+        if lease.mirror_bytes <= 0:
+            return MLP
+        graph = gmg.iterations[key].graph
+        per_tok = model_spec(graph.model).kv_bytes_per_token() / (len(lease.home) + len(lease.devices))
+        return WHOLE if lease.mirror_used + graph.shape.num_tokens * per_tok <= lease.mirror_bytes else MLP
+
+    def _sync_estimate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> float:
+        """Cost-model seconds to copy a whole-wide iteration's borrowed KV heads home."""
+        from slicesched.cost import make_cost_model
+
+        self._cost = self._cost or make_cost_model()
+        graph = gmg.iterations[key].graph
+        nbytes = graph.shape.num_tokens * model_spec(graph.model).kv_bytes_per_token() / (
+            len(lease.home) + len(lease.devices))
+        return self._cost.transfer_time(nbytes, gmg.cluster.link(lease.home[0], lease.devices[0]))
+
+    def _simulate_choice(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, placed: list[SlicePlacement],
+                         lender_keys: tuple[int, ...], mode: int) -> bool:
+        horizon = min(self.cfg.horizon_s, 2.0 * self._home_estimate(gmg, key, lease) + 2e-3)
+        home = self._predict(gmg, placed + self._mapping(gmg, key, lease, HOME), horizon)
+        wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, mode), horizon)
+        t_home, t_wide = home.iteration_end.get(key, np.inf), wide.iteration_end.get(key, np.inf)
+        if mode == WHOLE:
+            t_wide += self._sync_estimate(gmg, key, lease)
+        if not np.isfinite(t_wide) or t_wide > t_home - self.cfg.min_gain_frac * max(t_home - home.start, 0.0):
+            self.report.gain_rejections += 1
             return False
-        for k in owner_keys:
-            self._budget[k] -= cost
+        for k in lender_keys:
+            it = gmg.iterations.get(k)
+            if it is None:
+                continue
+            sla = self._view.sla_of(it.graph.tenant)
+            slack = self.cfg.lender_slack_frac * (sla.tpot_s if sla is not None else 0.0)
+            end_wide, end_home = wide.iteration_end.get(k, np.inf), home.iteration_end.get(k, np.inf)
+            if not np.isfinite(end_wide) or end_wide - end_home > slack:
+                self.report.slack_rejections += 1
+                return False
         return True
 
-    def _owner_budget(self, gmg: GlobalMappingGraph, key: int, placed: list[SlicePlacement]) -> float:
-        """Guest seconds owner iteration `key` may still absorb (computed once per iteration)."""
-        b = self._budget.get(key)
-        if b is None:
-            it = gmg.iterations[key]
-            sla = self._view.sla_of(it.graph.tenant) if hasattr(self._view, "sla_of") else None
-            if sla is None:
-                b = 0.0
-            else:
-                start = float(gmg.get("ready_t", it.base))
-                end = self._predicted_end(key, 4 * sla.tpot_s, placed)
-                b = self.owner_slack_frac * sla.tpot_s - (end - start)
-            self._budget[key] = b
-            if len(self._budget) > 4096:  # forget finished iterations
-                self._budget = {k: v for k, v in self._budget.items() if k in gmg.iterations}
-        return b
+    def _home_estimate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> float:
+        """Cost-model seconds of the iteration alone at home: bounds how far the forks run."""
+        from slicesched.cost import make_cost_model
 
-    def _predicted_end(self, key: int, horizon: float, placed: list[SlicePlacement]) -> float:
-        """What-if: when will this owner iteration end, given the placements decided so far?"""
-        sim = getattr(self._view, "simulator", None)
-        if sim is None:
-            return float("inf")
-        self.whatif_calls += 1
-        fork = sim().fork()
-        fork.apply(SchedulerDecision(fork.now, tuple(placed)))
+        self._cost = self._cost or make_cost_model()
+        graph = gmg.iterations[key].graph
+        spec = gmg.cluster.device_specs[lease.home[0]]
+        return float(self._cost.op_times(graph, spec, gmg.cluster.group_intra_link(lease.home_group)).sum())
+
+    def _predict(self, gmg: GlobalMappingGraph, placements: list[SlicePlacement], horizon: float):
+        import time
+
+        t0 = time.perf_counter()
+        self.report.whatif_calls += 1
+        fork = self._view.whatif().fork()
+        fork.apply(SchedulerDecision(fork.now, tuple(placements)))
         pred = fork.simulate(horizon)
-        return float(pred.iteration_end.get(key, float("inf")))
+        self.report.whatif_s += time.perf_counter() - t0
+        return pred
 
-    def _guest_seconds(self, gmg: GlobalMappingGraph, it) -> np.ndarray:
-        """Predicted duration of every slice of a guest iteration on its group (cost model)."""
-        key = int(gmg.get("iteration", it.base))
-        secs = self._guest_cost.get(key)
-        if secs is None:
-            from slicesched.cost import make_cost_model
+    # ---- leases (every check_interval_s) -----------------------------------------------------
+    def _refresh_leases(self, gmg: GlobalMappingGraph, now: float) -> tuple[tuple[ShardStage, ...],
+                                                                         tuple[ShardRelease, ...]]:
+        view = self._view
+        loads = [r for r in view.replica_loads() if not r.guest]
+        leases = view.shard_leases()
+        self._sync_leases(gmg, leases)
+        for r in loads:
+            if r.waiting + r.running or r.group not in self._last_busy:
+                self._last_busy[r.group] = now
+        per: dict[str, list[int]] = defaultdict(list)
+        for r in loads:
+            per[r.tenant].append(r.waiting + r.running)
+        a = self.cfg.forecast_weight
+        for t, xs in per.items():  # the load forecast: an exponential average per replica
+            self._forecast[t] = (1 - a) * self._forecast.get(t, 0.0) + a * sum(xs) / len(xs)
+        releases = self._releases(gmg, loads, leases, now)
+        stages = self._stages(gmg, loads, leases, now)
+        return stages, releases
 
-            self._cost = self._cost or make_cost_model()
-            group = int(gmg.get("home", it.base))
-            devs = gmg.cluster.group(group)
-            ops = self._cost.op_times(it.graph, gmg.cluster.device_specs[devs[0]], gmg.cluster.group_intra_link(group))
-            secs = it.graph.slice_sum(ops)
-            if len(self._guest_cost) > 1024:
-                self._guest_cost.clear()
-            self._guest_cost[key] = secs
-        return secs
+    def _sync_leases(self, gmg: GlobalMappingGraph, leases: tuple[ShardLease, ...]) -> None:
+        """Leases whose shards are all resident become usable."""
+        out = {}
+        for ls in leases:
+            res = gmg.resident[ls.tenant]
+            if not (res[list(ls.blocks)][:, list(ls.devices)] > 0).all():
+                continue  # copies in flight
+            hg = gmg.cluster.group_id(ls.home)
+            out[hg] = _Lease(ls.tenant, hg, ls.home, ls.devices, gmg.cluster.group_id(ls.home + ls.devices),
+                             ls.blocks, ls.kv_mirror_bytes, ls.kv_mirror_used)
+        self._leases = out
+        self._releasing &= set(out)
 
-    # ---- guests (every check_interval_s) ---------------------------------------------------
-    def _stops(self, loads: tuple[ReplicaLoad, ...], now: float) -> tuple[GuestStop, ...]:
-        owners = [r for r in loads if not r.guest]
-        by_tenant = _home_pressure(loads)
+    def _releases(self, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], leases: tuple[ShardLease, ...],
+                  now: float) -> tuple[ShardRelease, ...]:
         out = []
-        for g in (r for r in loads if r.guest and not r.draining):
-            key = (g.tenant, g.devices)
-            if g.waiting + g.running or key not in self._last_busy:
-                self._last_busy[key] = now
-            mine = [o for o in owners if set(o.devices) & set(g.devices)]
-            if any(o.kv_used_frac >= self.reclaim_kv_frac for o in mine):
-                out.append(GuestStop(g.tenant, g.devices))  # the owner needs its memory: now
-            elif any(o.waiting + o.running >= self.owner_reclaim_load for o in mine):
-                out.append(GuestStop(g.tenant, g.devices, drain=True))  # its load is back
-            elif (now - self._last_busy[key] >= self.idle_release_s
-                  and by_tenant.get(g.tenant, 0.0) < self.overload_load / 2):
-                out.append(GuestStop(g.tenant, g.devices, drain=True))
+        for ls in leases:
+            hg = gmg.cluster.group_id(ls.home)
+            owners = [o for o in loads if set(o.devices) & set(ls.devices)]
+            need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or o.waiting + o.running >= self.cfg.reclaim_load
+                       for o in owners)
+            top = max(self._forecast.values(), default=0.0)
+            calm = (now - self._last_busy.get(hg, now) >= self.cfg.calm_release_s
+                    or self._forecast.get(ls.tenant, 0.0) < self.cfg.borrower_share * top)  # others are hotter
+            if not (need or calm):
+                continue
+            lease = self._leases.get(hg)
+            if lease is None:
+                continue  # copies still in flight: released once resident
+            self._releasing.add(hg)
+            if not self._touches(gmg, lease):
+                out.append(ShardRelease(ls.tenant, ls.devices))
+                self.report.releases += 1
+                del self._leases[hg]
         return tuple(out)
 
+    def _touches(self, gmg: GlobalMappingGraph, lease: _Lease) -> bool:
+        """Is any unfinished slice mapped onto the lease's union group?"""
+        for it in gmg.iterations.values():
+            if it.graph.tenant != lease.tenant:
+                continue
+            ids = np.arange(it.base, it.base + it.graph.num_slices)
+            if ((gmg.get("group", ids) == lease.union) & (gmg.get("state", ids) != _DONE)).any():
+                return True
+        return False
+
+    def _stages(self, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], leases: tuple[ShardLease, ...],
+                now: float) -> tuple[ShardStage, ...]:
+        taken = {d for ls in leases for d in ls.devices}
+        borrowers = {ls.tenant for ls in leases}
+        leased_homes = {ls.home for ls in leases}
+        homes = {d for h in leased_homes for d in h}  # a borrower's devices are never lent
+        pressure: dict[str, float] = defaultdict(float)
+        count: dict[str, int] = defaultdict(int)
+        for r in loads:
+            pressure[r.tenant] += r.waiting + r.running
+            count[r.tenant] += 1
+        per = {t: pressure[t] / count[t] for t in pressure}
+        hottest = max(per, key=per.get) if per else None
+        idle = self._idle_share(gmg, now)
+        fc = self._forecast
+        out = []
+        top = max(fc.values(), default=0.0)
+        for r in sorted(loads, key=lambda x: (-fc.get(x.tenant, 0.0), -(x.waiting + x.running))):
+            if fc.get(r.tenant, 0.0) < self.cfg.borrower_share * top:
+                continue  # only the hottest tenants borrow
+            if (r.draining or r.devices in leased_homes or r.waiting + r.running == 0 or r.tenant not in self.models
+                    or not taken.isdisjoint(r.devices)):  # a lender never borrows
+                continue
+            tp = len(r.devices)
+            if not _tp_ok(self.models[r.tenant], 2 * tp):
+                continue
+            cands = [o for o in loads if o.tenant != r.tenant and o.tenant != hottest and o.tenant not in borrowers
+                     and fc.get(o.tenant, 0.0) <= self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
+                     and not o.draining and o.waiting + o.running <= self.cfg.lender_max_load
+                     and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
+            owner = {d: o.tenant for o in cands for d in o.devices}
+            devs = sorted((d for o in cands for d in o.devices
+                           if d not in taken and d not in homes and idle[d] >= self.cfg.min_idle_share),
+                          key=lambda d: (gmg.cluster.device_node[d] != gmg.cluster.device_node[r.devices[0]],
+                                         fc.get(owner[d], 0.0), -float(idle[d]), d))
+            if len(devs) < tp:
+                continue
+            model = model_spec(self.models[r.tenant])
+            shard = block_weight_bytes(model, 2 * tp)
+            blocks = tuple(range(len(shard)))
+            chosen = tuple(devs[:tp])
+            lendable = {d: o.kv_free_bytes * self.cfg.lend_frac for o in cands for d in o.devices}
+            room = min(lendable[d] for d in chosen) - float(shard.sum())
+            if room < 0:
+                continue
+            # the replica's KV pool per device, at the union's degree: its heads of every token
+            pool = r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9) * tp / (2 * tp)
+            mirror = min(room, pool)
+            st = ShardStage(r.tenant, r.devices, chosen, r.devices, blocks, tuple(float(x) for x in shard), mirror)
+            if not self._memory_safe(st):
+                continue
+            out.append(st)
+            taken.update(chosen)
+            homes.update(r.devices)
+            borrowers.add(r.tenant)
+            self.report.stages += 1
+            self.report.staged_bytes += st.bytes_per_device * len(chosen)
+        return tuple(out)
+
+    def _memory_safe(self, st: ShardStage) -> bool:
+        """What-if: apply the copies, run ahead: no predicted OOM, peaks within capacity."""
+        import time
+
+        t0 = time.perf_counter()
+        self.report.whatif_calls += 1
+        fork = self._view.whatif().fork()
+        fork.apply(SchedulerDecision(fork.now, weight_copies=st.weight_copies()))
+        pred = fork.simulate(self.cfg.stage_horizon_s)
+        self.report.whatif_s += time.perf_counter() - t0
+        peak = pred.peak_memory[list(st.devices)]
+        ok = not pred.ooms and bool(np.all(peak + st.kv_mirror_bytes <= self.capacity_bytes))
+        self.report.memory_rejections += not ok
+        return ok
+
     def _idle_share(self, gmg: GlobalMappingGraph, now: float) -> np.ndarray:
-        """Share of the last `idle_window_s` each device spent idle (the GMG's busy log)."""
-        t0 = max(0.0, now - self.idle_window_s)
+        t0 = max(0.0, now - self.cfg.idle_window_s)
         if now <= t0:
             return np.ones(gmg.cluster.num_devices)
         dev, s, e = gmg.idle_intervals_flat(t0, now)
         return np.bincount(dev, weights=e - s, minlength=gmg.cluster.num_devices) / (now - t0)
-
-    def _starts(self, loads: tuple[ReplicaLoad, ...], stops: tuple[GuestStop, ...],
-                idle: np.ndarray) -> tuple[GuestStart, ...]:
-        homes = [r for r in loads if not r.guest and not r.draining]
-        hosting = {d for r in loads if r.guest for d in r.devices}  # draining guests still hold memory
-        stopping = {(s.tenant, s.devices) for s in stops}
-        guests = _by_tenant([r for r in loads if r.guest and not r.draining and (r.tenant, r.devices) not in stopping])
-        taken: set[int] = set(hosting)
-        out = []
-        for tenant, reps in _by_tenant(homes).items():
-            mine = guests.get(tenant, [])
-            if len(mine) >= self.max_guests or not self._overloaded(reps + mine):
-                continue
-            start = self._pick_host(tenant, reps, homes, taken, idle)
-            if start is not None:
-                out.append(start)
-                taken.update(start.devices)
-        return tuple(out)
-
-    def _overloaded(self, reps: list[ReplicaLoad]) -> bool:
-        load = sum(r.waiting + r.running for r in reps) / len(reps)
-        return any(r.waiting >= self.overload_waiting or r.kv_used_frac > 0.9 for r in reps) or load >= self.overload_load
-
-    def _pick_host(self, tenant: str, reps: list[ReplicaLoad], homes: list[ReplicaLoad],
-                   taken: set[int], idle: np.ndarray) -> GuestStart | None:
-        """The idlest same-size container (recent idle share >= `min_idle_share`) with lendable
-        memory that a what-if clears."""
-        if tenant not in self.models:
-            return None
-        tp = len(reps[0].devices)
-        weights = float(block_weight_bytes(model_spec(self.models[tenant]), tp).sum())
-        # A guest of tp devices fits on the first tp devices of any idle container at least as large.
-        cands = [o for o in homes if o.tenant != tenant and len(o.devices) >= tp and o.waiting + o.running == 0
-                 and taken.isdisjoint(o.devices) and idle[list(o.devices[:tp])].min() >= self.min_idle_share]
-        cands.sort(key=lambda o: (-float(idle[list(o.devices[:tp])].min()), len(o.devices), -o.kv_free_bytes))
-        for host in cands:
-            kv = host.kv_free_bytes * self.kv_lend_frac - weights
-            if kv < self.min_guest_kv_bytes:
-                continue
-            src = max(reps, key=lambda r: r.waiting + r.running).devices
-            start = GuestStart(tenant, host.devices[:tp], src, kv)
-            if self._whatif_safe(start):
-                return start
-        return None
-
-    def _whatif_safe(self, start: GuestStart) -> bool:
-        """Fork the simulator, apply the weight copies, run `whatif_horizon_s` ahead: accept if no
-        OOM is predicted and the devices' predicted peak leaves room for the guest's KV."""
-        sim = getattr(self._view, "simulator", None)
-        if sim is None:
-            return True
-        self.whatif_calls += 1
-        fork = sim().fork()
-        blocks = 2 * model_spec(self.models[start.tenant]).layers + 2
-        fork.apply(SchedulerDecision(fork.now, weight_copies=start.weight_copies(blocks)))
-        pred = fork.simulate(self.whatif_horizon_s)
-        peak = pred.peak_memory[list(start.devices)]
-        ok = not pred.ooms and bool(np.all(peak + start.kv_bytes <= self.capacity_bytes))
-        self.whatif_rejections += not ok
-        return ok
-
-
-def _by_tenant(reps: list[ReplicaLoad]) -> dict[str, list[ReplicaLoad]]:
-    out: dict[str, list[ReplicaLoad]] = defaultdict(list)
-    for r in reps:
-        out[r.tenant].append(r)
-    return out
-
-
-def _home_pressure(loads: tuple[ReplicaLoad, ...]) -> dict[str, float]:
-    return {t: sum(r.waiting + r.running for r in rs) / len(rs)
-            for t, rs in _by_tenant([r for r in loads if not r.guest]).items()}

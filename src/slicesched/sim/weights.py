@@ -60,9 +60,12 @@ class WeightsMixin:
         if res[c.block, c.dst_device] > 0 or key in self.net.flows:
             return []
         if c.src_device >= 0:
-            nbytes = float(res[c.block, c.src_device])
-            if nbytes <= 0:
+            have = float(res[c.block, c.src_device])
+            if have <= 0:
                 raise SimulationError(f"weight copy {c}: block not resident on source device")
+            nbytes = c.nbytes if 0 < c.nbytes <= have else have
+        elif c.nbytes > 0:
+            nbytes = c.nbytes
         else:
             nbytes = float(self._home_bytes(c.tenant)[c.block])
         oom = self._alloc((c.dst_device,), nbytes, XFER, c.tenant, what="weights")
