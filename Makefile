@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (each creates .venv on first use):
-#   make demo   install, then replay the built-in scenario under every scheduler
+#   make demo   install, then replay the built-in scenario under every scheduler and search capacity at SLA
 #   make test   install, then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints-dev.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/slicesched replay
+	$(VENV)/bin/slicesched replay --capacity --force
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -p no:cacheprovider
