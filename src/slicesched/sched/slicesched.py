@@ -301,8 +301,16 @@ class SliceScheduler(Scheduler):
     def _simulate_choice(self, gmg: GlobalMappingGraph, key: int, lease: _Lease, placed: list[SlicePlacement],
                          lender_keys: tuple[int, ...], mode: int) -> bool:
         horizon = min(self.cfg.horizon_s, 2.0 * self._home_estimate(gmg, key, lease) + 2e-3)
-        home = self._predict(gmg, placed + self._mapping(gmg, key, lease, HOME), horizon)
-        wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, mode), horizon)
+        try:
+            home = self._predict(gmg, placed + self._mapping(gmg, key, lease, HOME), horizon)
+            wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, mode), horizon)
+        except ValueError as e:
+            # The fork re-times running work from the cost model alone, so it may already have
+            # started a slice that reality has not: no verdict, and the iteration stays home.
+            if "already started" not in str(e):
+                raise
+            self.report.gain_rejections += 1
+            return False
         t_home, t_wide = home.iteration_end.get(key, np.inf), wide.iteration_end.get(key, np.inf)
         if mode == WHOLE:
             t_wide += self._sync_estimate(gmg, key, lease)
