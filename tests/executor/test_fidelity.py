@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from slicesched.cost import CalibratedCostModel  # noqa: E402
-from slicesched.cost.profiler import Step, Width, prepare_grid, profile_of, time_slices  # noqa: E402
+from slicesched.cost.profiler import Step, Width, prepare_grid, profile_of  # noqa: E402
 from slicesched.executor.fidelity import calibrate_and_validate, plot, prepare_trace, validate  # noqa: E402
 
 TENANT = {"t": Width(96, 256, 4, 2, layers=2, vocab=256)}
@@ -59,13 +59,14 @@ def test_report_compares_every_iteration_and_the_peak(run, tmp_path) -> None:
 
 def test_simulator_with_the_fit_reproduces_the_measured_grid(run) -> None:
     """The same timings both sides: the fitted model, run through the simulator, gives back the
-    grid's measured iterations far better than a model 3x off (which shows ~200% error)."""
+    grid's iterations; a model 3x off shows up as ~200% error."""
     grid, _, _, _ = run
-    times = time_slices(grid, 3)
+    # Timings of a known device (a floor plus FLOPs and bytes terms): deterministic, unlike this
+    # box's CPU clock under load, so the test checks the fit and the simulator, not the machine.
+    times = [3e-6 + it.graph.flops / 4e9 + (it.graph.bytes_read + it.graph.bytes_written) / 2e9 for it in grid]
     profile = profile_of(grid, times)
     as_trace = [(f"w{it.width.hidden}", it) for it in grid]
     fitted = validate(CalibratedCostModel(profile), as_trace, times=times)
+    assert fitted.iteration_median_pct < 5
     wrong = validate(Scaled(CalibratedCostModel(profile), 3.0), as_trace, times=times)
-    # ~5% on a quiet box; CPU timings on a loaded one are noisy, so judge against the wrong model
     assert wrong.iteration_median_pct > 150
-    assert fitted.iteration_median_pct < wrong.iteration_median_pct / 3
