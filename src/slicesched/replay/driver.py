@@ -368,17 +368,24 @@ class ReplayDriver:
                     out[d][t] = out[d].get(t, 0.0) + float(acc[gid])
         return out
 
+    def _charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:
+        """Bring the KV bytes charged to `devices` from `charged` to `target`; False after an
+        OOM (handled here), when the charge stays as it was."""
+        delta = target - charged
+        if delta > 0:
+            oom = self.sim.alloc_kv(devices, delta, tenant)
+            if oom is not None:
+                self._on_oom(oom)
+                return False
+        elif delta < 0:
+            self.sim.free_kv(devices, -delta, tenant)
+        return True
+
     def _charge_kv(self, rs: ReplicaState, t: float) -> None:
         """Keep device memory in step with the KV blocks the engine holds."""
         used = rs.engine.kv.used_blocks * BLOCK_TOKENS * rs.kv_bytes_per_token
-        delta = used - rs.kv_charged
-        if delta > 0:
-            oom = self.sim.alloc_kv(rs.replica.devices, delta, rs.replica.tenant)
-            if oom is not None:
-                self._on_oom(oom)
-                return
-        elif delta < 0:
-            self.sim.free_kv(rs.replica.devices, -delta, rs.replica.tenant)
+        if not self._charge(rs.replica.devices, rs.replica.tenant, rs.kv_charged, used):
+            return
         rs.kv_charged = used
         if self._leases:
             self._charge_mirror(rs)
@@ -520,15 +527,8 @@ class ReplayDriver:
         union_tp = len(ls.stage.home) + len(ls.stage.devices)
         want = min(rs.engine.kv.used_blocks * BLOCK_TOKENS * m.kv_bytes_per_token() / union_tp,
                    ls.stage.kv_mirror_bytes)
-        delta = want - ls.mirror_charged
-        if delta > 0:
-            oom = self.sim.alloc_kv(ls.stage.devices, delta, rs.replica.tenant)
-            if oom is not None:
-                self._on_oom(oom)
-                return
-        elif delta < 0:
-            self.sim.free_kv(ls.stage.devices, -delta, rs.replica.tenant)
-        ls.mirror_charged = want
+        if self._charge(ls.stage.devices, rs.replica.tenant, ls.mirror_charged, want):
+            ls.mirror_charged = want
 
     def _kv_sync_s(self, key: int) -> float:
         """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed
