@@ -193,3 +193,31 @@ def test_servegen_rate_scales_are_prefix_nested(shared_traces):
         duration_s = 400
     """)
     assert_prefix(sc, 1.0, 2.5)  # spans cross a 600 s rate window of the data
+
+
+MOONCAKE_TICKS = """
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+    [[streams]]
+    source = "trace"
+    path = "{path}"
+    format = "mooncake"
+    tenants = ["a"]
+    tick_s = {tick}
+    [replay]
+    duration_s = 30
+"""
+
+
+def test_a_ticked_trace_is_spread_over_each_tick_and_stays_prefix_nested(shared_traces):
+    path = shared_traces / "mooncake_fast25" / "conversation_trace.jsonl"
+    raw = scenario_trace(scenario(MOONCAKE_TICKS.format(path=path, tick=0.0)))
+    spread = scenario(MOONCAKE_TICKS.format(path=path, tick=3.0))
+    t = scenario_trace(spread)
+    assert len(np.unique(raw.arrival_s)) * 5 < len(raw)  # ~10 requests per recorded instant
+    assert len(np.unique(t.arrival_s)) == len(t)  # spread: no two at one instant
+    assert np.all(np.floor(t.arrival_s / 3.0) * 3.0 <= t.arrival_s)
+    assert_prefix(spread, 0.5, 2.0)
+    again = scenario_trace(spread)
+    assert np.array_equal(again.arrival_s, t.arrival_s)  # seeded

@@ -105,6 +105,8 @@ class TraceStream(_Strict):
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0)
     start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="window start within the trace")
+    tick_s: float = Field(0.0, ge=0, description="the trace's timestamps are rounded to this clock tick; "
+                          "each request is spread uniformly over its tick (seeded; 0: kept as recorded)")
 
 
 class ServeGenStream(_Strict):

@@ -33,6 +33,8 @@ def _stream_trace(sc: Scenario, i: int, s, span: float) -> Trace:
         t = load_trace(sc.resolve_path(s.path), s.format)
         if len(t) == 0:
             raise InputError("trace has no requests", file=str(sc.resolve_path(s.path)))
+        if s.tick_s:
+            t = t.spread_ticks(s.tick_s, (*seed, 3))
         t = t.window(s.start_s, s.start_s + span)
         return _assign(t, s.tenants, s.popularity, s.alpha, seed)
     if isinstance(s, ServeGenStream):

@@ -172,6 +172,22 @@ class Trace:
             raise ValueError(f"rate scale must be > 0, got {k}")
         return self._take(slice(None), arrival_s=self.arrival_s / k)
 
+    def spread_ticks(self, tick_s: float, seed: int | Sequence[int] = 0) -> Trace:
+        """Undo timestamps rounded down to a tick: each request's arrival moves by its own
+        uniform offset in [0, tick_s), drawn once per request from ``seed`` (so every window
+        and rate scale of the trace sees the same offsets), and the trace is re-sorted.
+
+        Some production traces record arrivals on a coarse clock (Mooncake's conversation
+        trace: a 3 s tick, about ten requests per tick); replayed as is, each tick's requests
+        arrive at one instant at every rate scale, a burst no recorded client sent.
+        """
+        if not tick_s > 0:
+            raise ValueError(f"tick must be > 0, got {tick_s}")
+        offsets = np.random.default_rng(seed).uniform(0.0, tick_s, len(self))
+        df = self.to_frame()
+        df["arrival_s"] = self.arrival_s + offsets
+        return Trace.from_frame(self.name, df)
+
     def window(self, start_s: float, end_s: float) -> Trace:
         """Requests with ``start_s <= arrival < end_s``, rebased so ``start_s`` becomes 0.
 
