@@ -333,3 +333,37 @@ def test_timeline_is_recorded_for_the_exported_window_only():
     assert max(ends) < 2e-6 * TRACE_WINDOW_US + 1.0  # recording stopped soon after the margin
     ts = [e["ts"] for e in res.timeline["traceEvents"] if e.get("ph") == "X"]
     assert ts and max(ts) <= TRACE_WINDOW_US
+
+
+TWO_REPLICAS = """
+    [cluster]
+    devices_per_node = 2
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+    replicas = 2
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a"]
+    rate = 1.0
+"""
+
+
+@pytest.mark.parametrize("name, expect", [("dedicated", 1), ("slicesched", 0)])
+def test_routing_is_the_schedulers_declared_rule(name, expect):
+    """Replica 0 has three short requests decoding; replica 1 one long prompt still to prefill.
+    Least loaded (the baselines) picks replica 1; predicted TTFT (SliceScheduler) picks 0."""
+    from slicesched.replay.slo import isolated_slas
+    from slicesched.serving import Request
+
+    sc = scenario(TWO_REPLICAS)
+    cost = make_cost_model()
+    drv = ReplayDriver(sc, make_scheduler(name, sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
+                       cost=cost, slas=isolated_slas(sc, cost))
+    r0, r1 = drv.replicas
+    for i in range(3):
+        r0.engine.add_request(Request(100 + i, "a", 0.0, 16, 64), 0.0)
+    batch = r0.engine.next_batch(0.0)
+    r0.engine.on_batch_done(batch, 0.01)  # their prefills done: decoding, nothing queued
+    r1.engine.add_request(Request(200, "a", 0.0, 3000, 8), 0.0)
+    assert drv._route(Request(300, "a", 0.02, 512, 8)) is drv.replicas[expect]

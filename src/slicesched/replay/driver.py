@@ -27,8 +27,8 @@ from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, bl
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
-from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Scheduler,
-                                        SchedulerDecision, ShardLease, ShardRelease, ShardStage, WeightCopy,
+from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Routing,
+                                        Scheduler, SchedulerDecision, ShardLease, ShardRelease, ShardStage, WeightCopy,
                                         WeightEviction)
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
                                 count_violations)
@@ -286,7 +286,20 @@ class ReplayDriver:
         if not reps:  # scaled to zero or its container moving: waits for a replica (cold start)
             self._parked.setdefault(req.tenant, []).append(req)
             return None
+        if self.scheduler.routing is Routing.PREDICTED_TTFT:
+            return self._admit(min(reps, key=lambda rs: (self._queued_prefill_s(rs), rs.relative_load)), req)
         return self._admit(min(reps, key=lambda rs: rs.relative_load), req)
+
+    def _queued_prefill_s(self, rs: ReplicaState) -> float:
+        """Isolated prefill seconds still ahead in the replica (prompt tokens not yet computed of
+        every request without a first token, each at its own prompt's isolated TTFT rate): a
+        new arrival's TTFT there, predicted from the SLA's isolated latency alone."""
+        sla = self.slas.get(rs.replica.tenant)
+        backlog = rs.engine.prefill_backlog()
+        if sla is None or not sla.scale_ttft or not backlog:
+            return float(sum(left for _, _, left in backlog))  # no isolated latency: tokens
+        _, prompt, left = (np.array(c) for c in zip(*backlog))
+        return float(np.sum(sla.ttft_for(prompt) / sla.scale * left / prompt))
 
     def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
         if req.prompt_tokens >= target.engine.max_model_len:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from slicesched.registry import Registry
@@ -317,10 +318,18 @@ class PlacementView(ServingView, Protocol):
     def shard_leases(self) -> tuple[ShardLease, ...]: ...
 
 
+class Routing(str, Enum):
+    """How the driver sends an arrival to one of its tenant's replicas (declared by a scheduler)."""
+
+    LEAST_LOADED = "least-loaded"  # fewest outstanding requests per KV token of capacity (vLLM-style routers)
+    PREDICTED_TTFT = "predicted-ttft"  # least isolated prefill time queued ahead of it (ties: least loaded)
+
+
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
     name: ClassVar[str] = ""
+    routing: ClassVar[Routing] = Routing.LEAST_LOADED
 
     @classmethod
     def from_scenario(cls, scenario: object) -> "Scheduler":

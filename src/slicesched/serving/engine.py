@@ -277,6 +277,15 @@ class TenantEngine:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
+    def prefill_backlog(self) -> list[tuple[float, int, int]]:
+        """(arrival, prompt tokens, prompt tokens left to compute) of every request still waiting
+        for its first token, in the order it will be served (running ones first, then the
+        queue): what a predicted-TTFT signal needs."""
+        out = [(r.arrival_s, r.prompt_tokens, r.prompt_tokens - r.num_computed_tokens)
+               for r in self._running if r.num_generated == 0]
+        out += [(r.arrival_s, r.prompt_tokens, r.prompt_tokens) for r in self._waiting]
+        return out
+
     @property
     def iteration(self) -> int:
         """Index of the last batch formed (batches are numbered from 1)."""
