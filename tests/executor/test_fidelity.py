@@ -51,7 +51,7 @@ def test_report_compares_every_iteration_and_the_peak(run, tmp_path) -> None:
     it = report.iterations
     assert len(it) == len(items) and (it["measured_s"] > 0).all() and (it["predicted_s"] > 0).all()
     np.testing.assert_allclose(it["error_pct"], (it["predicted_s"] - it["measured_s"]) / it["measured_s"] * 100)
-    assert report.peak_memory_pct < 15  # weights dominate; real tensors vs the spec and captured graph
+    assert report.peak_memory_pct < 2  # real tensors vs the spec and the captured graph
     assert set(report.ops["kind"]) >= {"qkv_proj", "attention"}
     plot(report, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
@@ -70,3 +70,15 @@ def test_simulator_with_the_fit_reproduces_the_measured_grid(run) -> None:
     assert fitted.iteration_median_pct < 5
     wrong = validate(Scaled(CalibratedCostModel(profile), 3.0), as_trace, times=times)
     assert wrong.iteration_median_pct > 150
+
+
+def test_predicted_peak_memory_holds_the_past_and_the_returned_cache() -> None:
+    """A decode over a long context: the executor's step holds the past cache and the
+    concatenated one it returns; the simulator's peak matches the real tensors within 2%."""
+    from slicesched.cost import make_cost_model
+    from slicesched.executor.fidelity import measured_peak, simulate
+
+    items = prepare_trace(TENANT, (Step(4, 1, 400),))
+    measured = measured_peak(items)
+    _, predicted = simulate(items, make_cost_model())
+    assert abs(predicted - measured) / measured < 0.02

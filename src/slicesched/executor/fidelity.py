@@ -7,8 +7,9 @@ the simulator with a cost model calibrated on this machine (`cost/profiler.py` p
 report compares, per iteration, measured and predicted latency, per op kind the op latencies,
 and the peak memory: measured as the real bytes of the weights, KV caches and activation
 tensors alive at once (each slice's outputs, measured on the tensors it returned, freed after
-their last reader), predicted by the simulator's memory ledger (weights from the model spec,
-activations from the captured graph, KV from the spec's bytes per token).
+their last reader; the step's returned values, the new cache among them, held to its end),
+predicted by the simulator's memory ledger (weights from the model spec, activations from the
+captured graph, the past cache read and the values the step returns held for its duration).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pandas as pd
 from slicesched.cost.model import CostModel
 from slicesched.cost.profile import Profile
 from slicesched.cost.profiler import Prepared, Step, Width, llama, prepare, time_slices
-from slicesched.gmg.ops import OpKind
+from slicesched.gmg.ops import IterationGraph, OpKind
 
 #: Validation tenants: widths, depths and GQA ratios that the default profiling grid lacks.
 TENANTS = {"a": Width(192, 512, 6, 2, layers=3), "b": Width(384, 1024, 6, 3, layers=2)}
@@ -118,16 +119,16 @@ def simulate(items: Sequence[tuple[str, Prepared]], cost: CostModel) -> tuple[li
     sim = Simulator(gmg, cost)
     latencies = []
     for name, it in items:
-        m = models[name]
-        # What an engine allocates for the step: the cache of context + new tokens. (The HF step
-        # returns a concatenated copy of the cache, which the captured graph counts only in part:
-        # the main source of the peak-memory error.)
-        s = it.step
-        kv = float(m.kv_bytes_per_token() * s.batch * (s.context + s.new))
+        # The executor's step (HF eager) reads the past cache and returns a new one: both are alive
+        # at its end, with the other returned values (the logits). The past cache is charged as
+        # KV; the returned values as memory held from the step's start to its end, and not again
+        # as the outputs of the ops that produce them.
+        kv = float(it.kv_bytes)
+        held, graph = _held_outputs(it, name)
+        kv += held
         if kv:
             sim.alloc_kv(0, kv, name)
         t0 = sim.now
-        graph = it.graph if it.graph.tenant == name else dataclasses.replace(it.graph, tenant=name)
         h = sim.add_iteration(graph, home=0)
         out = sim.execute(SchedulerDecision(sim.now, (SlicePlacement(h.slice_base, 0, h.num_slices),)), wake="iteration")
         while h.key not in out.finished_iterations:
@@ -137,6 +138,23 @@ def simulate(items: Sequence[tuple[str, Prepared]], cost: CostModel) -> tuple[li
             sim.free_kv(0, kv, name)
         sim.retire(h.key)
     return latencies, float(sim.peak_memory()[0])
+
+
+def _held_outputs(it: Prepared, tenant: str) -> tuple[float, IterationGraph]:
+    """Bytes of the step's returned values (alive to its end), and its graph with those bytes
+    taken off the out_bytes of the ops producing them (one op per slice at the op grain)."""
+    prog, g = it.program, it.graph
+    if prog.num_slices != g.num_ops:
+        raise ValueError(f"fidelity needs one op per slice, got {prog.num_slices} slices for {g.num_ops} ops")
+    out_bytes = g.out_bytes.copy()
+    held = 0.0
+    for ref in {o.slot for o in prog.outputs if o.slot >= 0}:
+        nbytes = float(prog.slot_bytes[ref])
+        held += nbytes
+        j = prog.slot_producer[ref]
+        if j >= 0:
+            out_bytes[j] = max(out_bytes[j] - nbytes, 0.0)
+    return held, dataclasses.replace(g, out_bytes=out_bytes, tenant=tenant)
 
 
 def calibrate_and_validate(grid: Sequence[Prepared], items: Sequence[tuple[str, Prepared]], repeats: int = 15
