@@ -8,6 +8,7 @@ implementations exactly so that weight bytes match the real checkpoints (Llama-3
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -169,6 +170,13 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     return from_hf_config(cfg, name or p.stem, src=str(p))
 
 
+@functools.cache
+def _shipped(key: str) -> ModelSpec | None:
+    """Shipped configs never change during a run: parsed once (schedulers ask per iteration)."""
+    ref = resources.files("slicesched.models").joinpath("configs", f"{key}.json")
+    return from_hf_config(json.loads(ref.read_text()), key, src=str(ref)) if ref.is_file() else None
+
+
 def known_models() -> list[str]:
     """Names of the architectures shipped with the package (no downloads needed)."""
     return sorted(f.name[:-5] for f in resources.files("slicesched.models").joinpath("configs").iterdir()
@@ -177,10 +185,9 @@ def known_models() -> list[str]:
 
 def model_spec(name_or_path: str) -> ModelSpec:
     """A shipped model by name (e.g. 'llama-3-8b'), or a path to a HF config.json."""
-    key = name_or_path.lower()
-    ref = resources.files("slicesched.models").joinpath("configs", f"{key}.json")
-    if ref.is_file():
-        return from_hf_config(json.loads(ref.read_text()), key, src=str(ref))
+    spec = _shipped(name_or_path.lower())
+    if spec is not None:
+        return spec
     if Path(name_or_path).exists():
         return load_hf_config(name_or_path)
     raise InputError(f"unknown model '{name_or_path}'; shipped: {', '.join(known_models())}, or give a config.json path")
