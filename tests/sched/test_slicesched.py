@@ -46,8 +46,8 @@ class View:
         return self.leases
 
 
-def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr"):
-    c = Cluster.homogeneous("H100-80GB", nodes, per_node, inter_link=inter_link)
+def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr", intra_link="nvlink4"):
+    c = Cluster.homogeneous("H100-80GB", nodes, per_node, intra_link=intra_link, inter_link=inter_link)
     g = GlobalMappingGraph(c, {"hot": M, "cold": M}, {"hot": Container("hot", (0,)), "cold": Container("cold", (1,))})
     g.load_home_weights()
     return g, Simulator(g, make_cost_model(), record=False, now=1.0)  # a second of (idle) history
@@ -99,6 +99,14 @@ def test_no_staging_on_a_busy_lender_or_for_an_idle_tenant():
     s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.1, 55e9)]))
     assert s.schedule(g, sim.now).shard_stages == ()
     s.attach(View(sim, [ReplicaLoad("hot", (0,), 0, 0, False, 0, False, 0.0, 50e9), COLD_IDLE]))
+    assert s.schedule(g, sim.now).shard_stages == ()
+
+
+def test_devices_are_borrowed_on_the_borrowers_node_only():
+    # hot on node 0, the idle device on node 1: no lease (tensor parallel stays inside a node)
+    g, sim = two_tenants(nodes=2, per_node=1)
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     assert s.schedule(g, sim.now).shard_stages == ()
 
 
@@ -171,8 +179,8 @@ def test_the_loan_goes_on_while_the_lender_stays_inside_its_slack():
 
 
 def test_no_loan_over_a_slow_fabric_where_it_would_not_end_sooner():
-    # hot on node 0, the idle device on node 1: every MLP slice's input and all-reduce cross 100G Ethernet
-    g, sim = two_tenants(nodes=2, per_node=1, inter_link="eth-100g")
+    # a node whose devices talk over 100G Ethernet: every MLP slice's input and all-reduce cross it
+    g, sim = two_tenants(intra_link="eth-100g")
     s = scheduler()
     _, lease = staged(g, sim, s)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))

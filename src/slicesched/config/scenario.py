@@ -202,8 +202,8 @@ class SliceSchedConfig(_Strict):
                              "staged shards")
     reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "
                                    "KV pool is this full")
-    reclaim_load: int = Field(2, ge=1, description="shards are released when their lender has this many "
-                              "requests of its own (its load is back)")
+    reclaim_forecast_frac: float = Field(0.5, ge=0, description="shards are released when a lender's load forecast "
+                                         "passes this share of the borrower's (its load is back)")
     calm_release_s: float = Field(2.0, gt=0, description="shards are released after the tenant's home replica "
                                   "has had no request for this long")
 

@@ -183,11 +183,12 @@ class _IntervalLog:
         """Tenant index (GMG `tenant_index`) of each row's slices."""
         return self._rows()[3]
 
-    def since(self, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(device, start, end) of every run that may end after t0 (a superset: callers clip)."""
+    def since(self, t0: float, tenants: bool = False) -> tuple[np.ndarray, ...]:
+        """(device, start, end) of every run that may end after t0 (a superset: callers clip);
+        with `tenants`, each run's tenant index too."""
         self.flush()
         k = int(np.searchsorted(self._end_max[:self._n], t0, side="right"))
-        return self._rows(k)[:3]
+        return self._rows(k) if tenants else self._rows(k)[:3]
 
     @property
     def nbytes(self) -> int:
@@ -636,6 +637,14 @@ class GlobalMappingGraph:
             s = np.concatenate([s, self._cols["start_t"][ids]])
             e = np.concatenate([e, np.where(np.isfinite(rend), rend, t1)])
         return _gaps_by_device(dev, s, e, t0, t1, self.cluster.num_devices)
+
+    def own_busy_share(self, t0: float, t1: float, tenant: str) -> np.ndarray:
+        """Per device, the share of [t0, t1] it spent on finished slices of tenants other than
+        `tenant`: how busy its owners kept a device lent to `tenant`."""
+        dev, s, e, ten = self.busy.since(t0, tenants=True)  # settles
+        keep = ten != self.tenant_index[tenant]
+        span = np.clip(e[keep], t0, t1) - np.clip(s[keep], t0, t1)
+        return np.bincount(dev[keep], weights=span, minlength=self.cluster.num_devices) / max(t1 - t0, 1e-12)
 
     def idle_intervals(self, t0: float, t1: float) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per device, (starts, ends) of its idle gaps inside [t0, t1]."""

@@ -6,14 +6,16 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
 - *Leases* (every `check_interval_s`). Only the hottest tenants borrow (load forecast at least
   `borrower_share` of the hottest's): each home replica leases as many devices as it has from
   calm containers (no requests of their own beyond `lender_max_load`, forecast at most
-  `lender_forecast_frac` of the borrower's; same node first, then calmest, then idlest recent
+  `lender_forecast_frac` of the borrower's; on the borrower's node only, since tensor parallel
+  over the inter-node fabric loses more than it gains; calmest, then idlest recent
   history over `idle_window_s`; a lender never borrows, a borrower's devices are never lent).
   `ShardStage` copies the tenant's weight shards at the union's degree there, ahead of need, in
   memory the owners lend from their free KV pool (at most `lend_frac`), part of it a KV mirror
   for the borrower's KV heads of the shard. A what-if fork applies the copies and runs
   `stage_horizon_s` ahead first: refused on a predicted OOM or a peak beyond capacity.
   `ShardRelease` gives the memory back when the lender's KV pool fills (`reclaim_kv_frac`) or
-  its load returns (`reclaim_load`), when the borrower is calm or no longer among the hottest,
+  its load forecast passes `reclaim_forecast_frac` of the borrower's (hysteresis over the staging
+  rule: a restage copies every shard again), when the borrower is calm or no longer among the hottest,
   once no unfinished slice of the borrower is mapped there.
 - *Placement* (every call). Each live iteration of a leased replica runs WHOLE (every slice
   tensor-parallel over the union; needs room in the KV mirror; the driver then pays the copy of
@@ -114,6 +116,7 @@ class _Lease:
     blocks: tuple[int, ...]
     mirror_bytes: float = 0.0
     mirror_used: float = 0.0
+    interference: float = 0.0  # chance a lent device is busy with its owners' work (recent history)
 
 
 @SCHEDULERS.register("slicesched")
@@ -313,6 +316,9 @@ class SliceScheduler(Scheduler):
             self.report.gain_rejections += 1
             return False
         t_home, t_wide = home.iteration_end.get(key, np.inf), wide.iteration_end.get(key, np.inf)
+        # The fork cannot see the lenders' future arrivals; a wide iteration advances only while
+        # every lent device is free of its owners' work: stretch it by their recent busy share.
+        t_wide = home.start + (t_wide - home.start) / (1.0 - lease.interference)
         if mode == WHOLE:
             t_wide += self._sync_estimate(gmg, key, lease)
         if not np.isfinite(t_wide) or t_wide > t_home - self.cfg.min_gain_frac * max(t_home - home.start, 0.0):
@@ -382,6 +388,12 @@ class SliceScheduler(Scheduler):
                              ls.blocks, ls.kv_mirror_bytes, ls.kv_mirror_used)
         self._leases = out
         self._releasing &= set(out)
+        now = self._now
+        t0 = max(0.0, now - self.cfg.idle_window_s)
+        for lease in out.values():
+            if now > t0:
+                busy = gmg.own_busy_share(t0, now, lease.tenant)[list(lease.devices)]
+                lease.interference = float(1.0 - np.prod(1.0 - np.clip(busy, 0.0, 0.95)))
 
     def _releases(self, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], leases: tuple[ShardLease, ...],
                   now: float) -> tuple[ShardRelease, ...]:
@@ -389,7 +401,8 @@ class SliceScheduler(Scheduler):
         for ls in leases:
             hg = gmg.cluster.group_id(ls.home)
             owners = [o for o in loads if set(o.devices) & set(ls.devices)]
-            need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or o.waiting + o.running >= self.cfg.reclaim_load
+            lim = self.cfg.reclaim_forecast_frac * self._forecast.get(ls.tenant, 0.0)
+            need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or self._forecast.get(o.tenant, 0.0) > lim
                        for o in owners)
             top = max(self._forecast.values(), default=0.0)
             calm = (now - self._last_busy.get(hg, now) >= self.cfg.calm_release_s
@@ -447,10 +460,10 @@ class SliceScheduler(Scheduler):
                      and not o.draining and o.waiting + o.running <= self.cfg.lender_max_load
                      and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
             owner = {d: o.tenant for o in cands for d in o.devices}
-            devs = sorted((d for o in cands for d in o.devices
-                           if d not in taken and d not in homes and idle[d] >= self.cfg.min_idle_share),
-                          key=lambda d: (gmg.cluster.device_node[d] != gmg.cluster.device_node[r.devices[0]],
-                                         fc.get(owner[d], 0.0), -float(idle[d]), d))
+            node = gmg.cluster.device_node[r.devices[0]]  # tensor parallel stays inside a node's fabric
+            devs = sorted((d for o in cands for d in o.devices if gmg.cluster.device_node[d] == node
+                           and d not in taken and d not in homes and idle[d] >= self.cfg.min_idle_share),
+                          key=lambda d: (fc.get(owner[d], 0.0), -float(idle[d]), d))
             if len(devs) < tp:
                 continue
             model = model_spec(self.models[r.tenant])
