@@ -16,7 +16,7 @@ from slicesched.replay.driver import ReplayDriver
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
-from slicesched.sched.interface import ReplicaLoad, SchedulerDecision, ShardLease
+from slicesched.sched.interface import ReplicaLoad, SchedulerDecision, ShardLease, SlicePlacement
 from slicesched.sched.slicesched import SliceScheduler, mlp_slices
 from slicesched.serving import SLA
 from slicesched.sim import Simulator
@@ -110,6 +110,19 @@ def test_devices_are_borrowed_on_the_borrowers_node_only():
     assert s.schedule(g, sim.now).shard_stages == ()
 
 
+def test_a_lease_is_released_when_the_lenders_load_comes_back_not_at_its_first_requests():
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s)
+    few = ReplicaLoad("cold", (1,), 0, 2, False, 1, False, 0.01, 55e9)  # a couple of requests
+    s.attach(View(sim, [HOT_BUSY, few], leases=[lease]))
+    assert all(s.schedule(g, sim.now + i * 1e-3).shard_releases == () for i in range(40))
+    back = ReplicaLoad("cold", (1,), 10, 30, False, 1, False, 0.05, 50e9)  # as loaded as the borrower
+    s.attach(View(sim, [HOT_BUSY, back], leases=[lease]))
+    released = [i for i in range(60) if s.schedule(g, sim.now + 0.1 + i * 1e-3).shard_releases]
+    assert released and released[0] > 0  # once its forecast passes half the borrower's
+
+
 # ---- per-iteration placement and the lender's SLA ----------------------------------------------
 def wide_slices(g, d, union):
     return {x for p in d.placements if p.group == union for x in p.slice_ids()}
@@ -176,6 +189,26 @@ def test_the_lender_gets_its_device_back_when_the_loan_would_break_its_sla():
 def test_the_loan_goes_on_while_the_lender_stays_inside_its_slack():
     s, wide_left, _ = lender_arrives(tpot_s=10.0)
     assert wide_left > 0 and s.report.give_backs == 0
+
+
+def test_no_loan_while_the_lenders_own_work_keeps_its_device_busy():
+    """The fork cannot see a lender's future arrivals; its recent history can: with its device
+    busy with its own prefills most of the last second, a wide iteration would stall behind
+    them, so the hot tenant's iteration stays home (it goes wide when the lender is idle)."""
+    g, sim = two_tenants()
+    s = scheduler()
+    _, lease = staged(g, sim, s)
+    cold = g.cluster.group_id((1,))
+    while sim.now < 1.9:  # the lender's own work, back to back
+        h = sim.add_iteration(build_iteration(M, BatchShape.prefill(4096), tenant="cold"), home=cold)
+        sim.apply(SchedulerDecision(sim.now, (SlicePlacement(h.slice_base, cold, h.num_slices),)))
+        sim.run()
+        sim.retire(h.key)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    sim.add_iteration(build_iteration(M, BatchShape.prefill(4096), tenant="hot"), home=g.cluster.group_id((0,)))
+    d = s.schedule(g, sim.now)
+    assert wide_slices(g, d, g.cluster.group_id((0, 1))) == set()
+    assert s.report.gain_rejections == 1
 
 
 def test_no_loan_over_a_slow_fabric_where_it_would_not_end_sooner():
