@@ -274,24 +274,25 @@ class _RawBusyLog:
     """Every busy interval as reported, one row per slice per device (the log before merging)."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, float, float]] = []
-        self._arr = np.zeros((0, 3))
+        self.rows: list[tuple[int, float, float, int]] = []
+        self._arr = np.zeros((0, 4))
 
     def append(self, d, s, e, tenant=0):
-        self.rows.append((d, s, e))
+        self.rows.append((d, s, e, tenant))
 
     def add(self, devices, s, e, tenant=0):
-        self.rows += [(d, s, e) for d in devices]
+        self.rows += [(d, s, e, tenant) for d in devices]
 
     def extend(self, devices, s, e, tenant=0):
         for d in devices:
-            self.rows += [(d, a, b) for a, b in zip(s.tolist(), e.tolist())]
+            self.rows += [(d, a, b, tenant) for a, b in zip(s.tolist(), e.tolist())]
 
-    def since(self, t0):
+    def since(self, t0, tenants=False):
         if len(self.rows) != len(self._arr):
-            self._arr = np.array(self.rows, np.float64).reshape(-1, 3)
+            self._arr = np.array(self.rows, np.float64).reshape(-1, 4)
         a = self._arr[self._arr[:, 2] > t0]
-        return a[:, 0].astype(np.int32), a[:, 1], a[:, 2]
+        cols = a[:, 0].astype(np.int32), a[:, 1], a[:, 2], a[:, 3].astype(np.int16)
+        return cols if tenants else cols[:3]
 
 
 def test_merged_busy_log_leaves_every_result_as_the_raw_log_gives_it():

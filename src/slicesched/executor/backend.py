@@ -27,8 +27,8 @@ from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
 from slicesched.models.capture import value_bytes
-from slicesched.sched.interface import (OOMEvent, Scheduler, SchedulerDecision, SliceCompletion,
-                                        StepOutcome)
+from slicesched.decisions import OOMEvent, SchedulerDecision, SliceCompletion, StepOutcome
+from slicesched.sched.interface import Scheduler
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from slicesched.sched.interface import OOMEvent
+from slicesched.decisions import OOMEvent
 
 
 @dataclass(frozen=True, slots=True)

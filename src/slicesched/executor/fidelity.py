@@ -105,7 +105,7 @@ def simulate(items: Sequence[tuple[str, Prepared]], cost: CostModel) -> tuple[li
     from slicesched.gmg import GlobalMappingGraph
     from slicesched.hardware import Cluster, Container
     from slicesched.models.spec import ModelSpec
-    from slicesched.sched.interface import SchedulerDecision, SlicePlacement
+    from slicesched.decisions import SchedulerDecision, SlicePlacement
     from slicesched.sim import Simulator
 
     models: dict[str, ModelSpec] = {}

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from slicesched.sched.interface import Scheduler, SchedulerDecision, SlicePlacement
+from slicesched.decisions import SchedulerDecision, SlicePlacement
+from slicesched.sched.interface import Scheduler
 
 if TYPE_CHECKING:
     from slicesched.gmg.graph import GlobalMappingGraph

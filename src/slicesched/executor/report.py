@@ -14,7 +14,7 @@ from typing import Any
 import torch.fx as fx
 
 from slicesched.executor.program import SliceCode
-from slicesched.sched.interface import OOMEvent
+from slicesched.decisions import OOMEvent
 
 
 @dataclass(frozen=True, slots=True)

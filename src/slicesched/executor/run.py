@@ -21,7 +21,7 @@ from slicesched.executor.program import SliceCode, SlicedProgram
 from slicesched.executor.report import (Refused, RunReport, RunResult, SliceRecord, TransferRecord,
                                         name_failure)
 from slicesched.models.capture import value_bytes
-from slicesched.sched.interface import OOMEvent
+from slicesched.decisions import OOMEvent
 
 if TYPE_CHECKING:
     from slicesched.executor.runtime import Executor

@@ -30,7 +30,7 @@ from slicesched.executor.report import (Refused, RunReport, RunResult, SliceReco
                                         name_failure, records_from)
 from slicesched.executor.run import Run
 from slicesched.models.capture import value_bytes
-from slicesched.sched.interface import OOMEvent
+from slicesched.decisions import OOMEvent
 
 
 class Executor:

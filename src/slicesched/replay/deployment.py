@@ -10,7 +10,7 @@ from slicesched.config.scenario import Scenario
 from slicesched.gmg.builder import block_weight_bytes
 from slicesched.hardware.cluster import Cluster, NodeSpec
 from slicesched.models.spec import ModelSpec
-from slicesched.sched.interface import TenantDemand
+from slicesched.decisions import TenantDemand
 from slicesched.traces import Trace
 
 

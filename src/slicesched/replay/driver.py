@@ -27,9 +27,9 @@ from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, bl
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
-from slicesched.sched.interface import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, Routing,
-                                        Scheduler, SchedulerDecision, ShardLease, ShardRelease, ShardStage, WeightCopy,
-                                        WeightEviction)
+from slicesched.decisions import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, SchedulerDecision,
+                                  ShardLease, ShardRelease, ShardStage, WeightCopy, WeightEviction)
+from slicesched.sched.interface import Routing, Scheduler
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
                                 count_violations)
 from slicesched.sim import Perturbation, Simulator

@@ -37,7 +37,7 @@ import numpy as np
 from slicesched.cost.model import CostModel
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
-from slicesched.sched.interface import Completions, OOMEvent, SchedulerDecision, SlicePlacement, StepOutcome
+from slicesched.decisions import Completions, OOMEvent, SchedulerDecision, SlicePlacement, StepOutcome
 from slicesched.sim.events import Event, Prio
 from slicesched.sim.iterinfo import IterInfo, build_info
 from slicesched.sim.memory import ACT, KV, XFER, MemoryLedger

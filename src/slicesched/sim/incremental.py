@@ -29,7 +29,7 @@ import bisect
 import numpy as np
 
 from slicesched.gmg.graph import SliceState
-from slicesched.sched.interface import SchedulerDecision, SlicePlacement
+from slicesched.decisions import SchedulerDecision, SlicePlacement
 from slicesched.sim.engine import Simulator
 from slicesched.sim.prediction import Prediction, RunLog, build_prediction
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from slicesched.gmg.graph import GlobalMappingGraph
-from slicesched.sched.interface import OOMEvent
+from slicesched.decisions import OOMEvent
 
 CATEGORIES = ("weights", "kv", "activation", "transfer")
 WEIGHTS, KV, ACT, XFER = range(4)

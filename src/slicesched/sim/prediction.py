@@ -17,7 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from slicesched.hardware.cluster import Cluster
-from slicesched.sched.interface import OOMEvent
+from slicesched.decisions import OOMEvent
 
 # One slice:  (stamp, slice id, group, start, end, iteration key, local, scale, SliceTiming)
 # A chain:    (stamp, first id, group, starts[], ends[], iteration key, first local, scale, SliceTiming)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slicesched.gmg.builder import block_weight_bytes
-from slicesched.sched.interface import WeightCopy, WeightEviction
+from slicesched.decisions import WeightCopy, WeightEviction
 from slicesched.sim.events import Event, SimulationError
 from slicesched.sim.memory import WEIGHTS, XFER
 from slicesched.sim.network import WEIGHT as FLOW_WEIGHT

@@ -1,0 +1,267 @@
+"""The values that pass between schedulers and backends: decisions, their outcomes, loads.
+
+Frozen, slotted dataclasses with no dependency on any other package, so that the simulator,
+the executor, the replay driver and the schedulers all import them from here (layers point
+down: nothing below `sched/` needs to import it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePlacement:
+    """Run slices first_slice .. first_slice+num_slices-1 (global GMG ids) on device group `group`.
+
+    A run of consecutive slices shares one placement so that the common case (a whole
+    iteration on its own container) is one object, not hundreds.
+    """
+
+    first_slice: int
+    group: int
+    num_slices: int = 1
+
+    def slice_ids(self) -> range:
+        return range(self.first_slice, self.first_slice + self.num_slices)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightCopy:
+    """Make `tenant`'s weight block resident on `dst_device`, copied from `src_device`
+    (-1: from host memory over PCIe)."""
+
+    tenant: str
+    block: int
+    src_device: int
+    dst_device: int
+    nbytes: float = 0.0  # bytes to copy (a shard for a wider tensor-parallel group); 0: the source's block
+
+
+@dataclass(frozen=True, slots=True)
+class WeightEviction:
+    tenant: str
+    block: int
+    device: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDemand:
+    """An operator's load forecast for one tenant, known before the run (MuxServe plans its
+    placement from such known arrival rates): mean requests per second and mean prompt and
+    output tokens per request. Never the requests themselves."""
+
+    rate_rps: float
+    mean_prompt: float
+    mean_output: float
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerMove:
+    """Container-granularity reallocation: the replica of `from_tenant` on `devices` drains
+    (its queued requests go to the tenant's other replicas at once, running ones finish), then
+    `to_tenant`'s weights are loaded there and it serves as a new replica (tensor-parallel over
+    `devices`). The driver carries it out and pays its costs (drain, weight load, warm-up). A
+    tenant's last replica may move (scale to zero): its later arrivals wait for a replica."""
+
+    devices: tuple[int, ...]
+    from_tenant: str
+    to_tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class GuestStart:
+    """Serve overflow of `tenant` on `devices` of other containers: copy its weight shards there
+    (shard i from `src_devices[i]`, a device of the tenant's own replica) and give it `kv_bytes`
+    per device of KV cache lent by the devices' owners. Its slices then run only where the
+    scheduler places them (in the owners' idle slices)."""
+
+    tenant: str
+    devices: tuple[int, ...]
+    src_devices: tuple[int, ...]
+    kv_bytes: float
+
+    def weight_copies(self, num_blocks: int) -> tuple[WeightCopy, ...]:
+        return tuple(WeightCopy(self.tenant, blk, src, dst) for src, dst in zip(self.src_devices, self.devices)
+                     for blk in range(num_blocks))
+
+
+@dataclass(frozen=True, slots=True)
+class GuestStop:
+    """End the guest of `tenant` on `devices`. With `drain`, it takes no new requests and is
+    released once its running ones finish; without, its requests move back to the tenant's own
+    replicas at once (recomputed). Then its KV and weights are freed and the lent memory returns."""
+
+    tenant: str
+    devices: tuple[int, ...]
+    drain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStage:
+    """Stage `tenant`'s weight shards on `devices` of other containers, ahead of need, so that its
+    slices may later run tensor-parallel over its home `home` plus these devices (the union).
+    Block `blocks[j]` is copied as `shard_bytes[j]` bytes (its shard at the union's degree) from
+    `src_devices[i]` (a home device) to `devices[i]`. The driver lends the memory from the
+    devices' owners' free KV blocks, all or nothing, and refuses the stage if it cannot."""
+
+    tenant: str
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    src_devices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    shard_bytes: tuple[float, ...]
+    kv_mirror_bytes: float = 0.0  # per device: room for a copy of the tenant's KV heads of this shard
+
+    @property
+    def bytes_per_device(self) -> float:
+        """Weight bytes staged on each device."""
+        return float(sum(self.shard_bytes))
+
+    @property
+    def lent_bytes(self) -> float:
+        """Memory the owners lend per device: the shards plus the KV mirror."""
+        return self.bytes_per_device + self.kv_mirror_bytes
+
+    def weight_copies(self) -> tuple[WeightCopy, ...]:
+        return tuple(WeightCopy(self.tenant, b, src, dst, nb) for src, dst in zip(self.src_devices, self.devices)
+                     for b, nb in zip(self.blocks, self.shard_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRelease:
+    """Evict the shards staged for `tenant` on `devices` and give the memory back to its owners.
+    The scheduler issues it only when no live slice of the tenant is mapped onto those devices."""
+
+    tenant: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLease:
+    """Shards a driver holds staged: `tenant` (home `home`) on borrowed `devices`, with
+    `lent_bytes` per device lent by their owners; `kv_mirror_bytes` of them hold a copy of the
+    tenant's KV heads of this shard (`kv_mirror_used` in use), which lets whole iterations run
+    tensor-parallel over the union while it has room."""
+
+    tenant: str
+    home: tuple[int, ...]
+    devices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    lent_bytes: float
+    kv_mirror_bytes: float = 0.0
+    kv_mirror_used: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerDecision:
+    """Everything a scheduler decided at one instant; backends must not modify it."""
+
+    time: float
+    placements: tuple[SlicePlacement, ...] = ()
+    weight_copies: tuple[WeightCopy, ...] = ()
+    evictions: tuple[WeightEviction, ...] = ()
+    container_moves: tuple[ContainerMove, ...] = ()
+    guest_starts: tuple[GuestStart, ...] = ()
+    guest_stops: tuple[GuestStop, ...] = ()
+    shard_stages: tuple[ShardStage, ...] = ()
+    shard_releases: tuple[ShardRelease, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.placements or self.weight_copies or self.evictions or self.container_moves
+                    or self.guest_starts or self.guest_stops or self.shard_stages or self.shard_releases)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceCompletion:
+    slice_id: int
+    group: int
+    start: float
+    end: float
+
+
+class Completions(Sequence[SliceCompletion]):
+    """Completed slices in (end, slice id) order, made into `SliceCompletion`s on first read.
+
+    A backend reports a chain of slices run back to back as (first id, group, starts, ends)
+    and single slices as (id, group, start, end) tuples; a replay driver mostly asks only
+    whether anything completed, so building hundreds of objects per iteration up front would be
+    most of its cost. Compares equal to any sequence with the same completions (e.g. `()`).
+    """
+
+    __slots__ = ("_singles", "_chains", "_items", "_n")
+
+    def __init__(self, singles: Sequence[tuple[int, int, float, float]] = (),
+                 chains: Sequence[tuple[int, int, "object", "object"]] = ()) -> None:
+        self._singles, self._chains = singles, chains
+        self._items: tuple[SliceCompletion, ...] | None = None
+        self._n = len(singles) + sum(len(c[2]) for c in chains)  # type: ignore[arg-type]
+
+    def _all(self) -> tuple[SliceCompletion, ...]:
+        if self._items is None:
+            items = [SliceCompletion(*x) for x in self._singles]
+            for first, group, starts, ends in self._chains:
+                items += [SliceCompletion(first + i, group, s, e)
+                          for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist()))]  # type: ignore[attr-defined]
+            if len(items) > 1:
+                items.sort(key=lambda c: (c.end, c.slice_id))
+            self._items, self._singles, self._chains = tuple(items), (), ()
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[SliceCompletion]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == self._n and tuple(other) == self._all()
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return f"Completions({list(self._all())!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class OOMEvent:
+    """An allocation that would have exceeded a device's capacity; never clipped away."""
+
+    device: int
+    time: float
+    requested_bytes: float
+    in_use_bytes: float
+    capacity_bytes: float
+    what: str  # "weights" | "kv" | "activation" | "transfer"
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What a backend reports after running (part of) decisions, up to `time`."""
+
+    time: float
+    completed: Sequence[SliceCompletion] = ()  # a tuple or `Completions`
+    finished_iterations: tuple[int, ...] = ()  # GMG iteration keys whose every slice is done
+    ooms: tuple[OOMEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    tenant: str
+    devices: tuple[int, ...]
+    waiting: int
+    running: int
+    draining: bool
+    group: int = -1  # device-group id (the home of its iterations in the GMG)
+    guest: bool = False  # a guest on other tenants' devices (SliceScheduler overflow)
+    kv_used_frac: float = 0.0
+    kv_free_bytes: float = 0.0  # per device, unused KV pool (what could be lent)
