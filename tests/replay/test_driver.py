@@ -368,3 +368,32 @@ def test_routing_is_the_schedulers_declared_rule(name, expect):
     r0.engine.on_batch_done(batch, 0.01)  # their prefills done: decoding, nothing queued
     r1.engine.add_request(Request(200, "a", 0.0, 3000, 8), 0.0)
     assert drv._route(Request(300, "a", 0.02, 512, 8)) is drv.replicas[expect]
+
+
+def test_batching_is_the_schedulers_declared_rule():
+    """Under SliceScheduler (Batching.TPOT_BUDGET) a replica's iterations with decodes carry at
+    most the prefill whose cost-model step fits in its TPOT SLO; the baselines keep the
+    configured budget."""
+    from slicesched.gmg import BatchShape, build_iteration
+    from slicesched.replay.driver import DECODES_AT_BUDGET, TPOT_BUDGET_FRAC
+    from slicesched.replay.slo import isolated_slas
+    from slicesched.serving.sla import REFERENCE_PROMPT
+
+    sc = scenario(TWO_REPLICAS)
+    cost = make_cost_model()
+    slas = isolated_slas(sc, cost)
+    trace = Trace.from_columns("t", [9.0], [10], [2], ["a"])
+    dedicated = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, cost=cost, slas=slas)
+    assert all(rs.engine.decode_batch_tokens is None for rs in dedicated.replicas)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=slas)
+    budget = drv.replicas[0].engine.decode_batch_tokens
+    assert budget is not None and 64 <= budget < sc.tenants[0].max_batch_tokens and budget % 64 == 0
+
+    def step_s(n):
+        d = DECODES_AT_BUDGET
+        shape = BatchShape(np.array([n] + [1] * d), np.array([0] + [REFERENCE_PROMPT] * d), d + 1)
+        return cost.op_times(build_iteration(model_spec("llama-2-7b"), shape, 1, Grain.BLOCK),
+                             DEVICES["H100-80GB"], LINKS["nvlink4"]).sum()
+
+    target = TPOT_BUDGET_FRAC * slas["a"].tpot_s
+    assert step_s(budget) <= target < step_s(budget + 64)

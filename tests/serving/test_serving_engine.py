@@ -176,3 +176,19 @@ def test_newest_request_preempts_itself_when_no_newer_victim_exists() -> None:
     assert b3.req_ids == (0,)
     assert b.state is RequestState.PREEMPTED and a.num_preemptions == 0
     assert engine.kv.used_blocks == 3 and engine.num_waiting == 1
+
+
+def test_decode_batch_budget_caps_prefill_riding_with_decodes_only() -> None:
+    """With `decode_batch_tokens`, an iteration that carries decodes takes at most that many
+    tokens (Sarathi-Serve's stall-free budget); one with no decodes still takes the full budget."""
+    engine = make_engine(max_batch_tokens=4096)
+    engine.decode_batch_tokens = 512
+    engine.add_request(req(0, 3000, 50), 0.0)
+    b, _ = step(engine, 0.0, 0.1)
+    assert b.num_tokens == 3000  # alone: prefill at the full budget
+    engine.add_request(req(1, 3000, 50), 0.1)
+    b, _ = step(engine, 0.1, 0.1)
+    assert b.num_seqs == 2 and b.num_tokens == 512  # a decode and 511 prefill tokens
+    engine.decode_batch_tokens = None
+    b, _ = step(engine, 0.2, 0.1)
+    assert b.num_tokens == 1 + (3000 - 511)  # unbounded: the rest of the prompt at once

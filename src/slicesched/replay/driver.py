@@ -29,14 +29,17 @@ from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.decisions import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, SchedulerDecision,
                                   ShardLease, ShardRelease, ShardStage, WeightCopy, WeightEviction)
-from slicesched.sched.interface import Routing, Scheduler
+from slicesched.sched.interface import Batching, Routing, Scheduler
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
                                 count_violations)
+from slicesched.serving.sla import REFERENCE_PROMPT
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
 BLOCK_TOKENS = 16
 VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
+TPOT_BUDGET_FRAC = 0.8  # Batching.TPOT_BUDGET: a step with decodes may take this share of the TPOT SLO
+DECODES_AT_BUDGET = 8  # ... with this many decodes beside its prefill chunk
 _GRAINS = {"op": Grain.OP, "block": Grain.BLOCK, "layer": Grain.LAYER}
 
 
@@ -126,6 +129,7 @@ class ReplayDriver:
         self.models: dict[str, ModelSpec] = {t.name: model_spec(t.model) for t in sc.tenants}
         self.cfg = {t.name: t for t in sc.tenants}
         self.grain = _GRAINS[sc.replay.grain]
+        self._budgets: dict[tuple[str, int], int | None] = {}  # (tenant, tp) -> decode batch budget
         default = default_replicas(sc, self.cluster)
         self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
         pairs = scheduler.deployment(default, tenant_demands(trace, [t.name for t in sc.tenants]))
@@ -170,7 +174,38 @@ class ReplayDriver:
         kv = KVBlockManager(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1)
+        if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
+            engine.decode_batch_tokens = self._decode_budget(r)
         return ReplicaState(r, self.cluster.group_id(r.devices), engine, per_tok)
+
+    def _decode_budget(self, r: Replica) -> int | None:
+        """Tokens of an iteration carrying decodes whose cost-model step fits in TPOT_BUDGET_FRAC
+        of the tenant's TPOT SLO (reference prompt): a prefill chunk beside DECODES_AT_BUDGET
+        decodes at REFERENCE_PROMPT context, the largest multiple of 64 that fits (at least 64;
+        None: the configured budget already fits, or the tenant has no SLA)."""
+        sla, cap = self.slas.get(r.tenant), self.cfg[r.tenant].max_batch_tokens
+        key = (r.tenant, r.tp)
+        if key not in self._budgets:
+            self._budgets[key] = None if sla is None else self._largest_fitting(r, cap, TPOT_BUDGET_FRAC * sla.tpot_s)
+        return self._budgets[key]
+
+    def _largest_fitting(self, r: Replica, cap: int, target_s: float) -> int | None:
+        m, dev = self.models[r.tenant], self.cluster.device_specs[r.devices[0]]
+        link = self.cluster.group_intra_link(self.cluster.group_id(r.devices))
+
+        def step_s(n: int) -> float:
+            d = DECODES_AT_BUDGET
+            shape = BatchShape(np.array([n] + [1] * d, np.int64), np.array([0] + [REFERENCE_PROMPT] * d, np.int64),
+                               d + 1)
+            return float(self.cost.op_times(build_iteration(m, shape, r.tp, self.grain), dev, link).sum())
+
+        if step_s(cap) <= target_s:
+            return None
+        lo, hi = 1, cap // 64  # multiples of 64: step_s(64 * lo) assumed to fit, else lo stays
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if step_s(64 * mid) <= target_s else (lo, mid - 1)
+        return 64 * lo
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]:
         out = []

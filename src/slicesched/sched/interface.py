@@ -72,11 +72,19 @@ class Routing(str, Enum):
     PREDICTED_TTFT = "predicted-ttft"  # least isolated prefill time queued ahead of it (ties: least loaded)
 
 
+class Batching(str, Enum):
+    """How a replica's engine sizes an iteration that carries decodes (declared by a scheduler)."""
+
+    FIXED = "fixed"  # the tenant's max_batch_tokens, as configured (vLLM)
+    TPOT_BUDGET = "tpot-budget"  # at most the prefill work whose step fits within its TPOT SLO (Sarathi-Serve)
+
+
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
     name: ClassVar[str] = ""
     routing: ClassVar[Routing] = Routing.LEAST_LOADED
+    batching: ClassVar[Batching] = Batching.FIXED
 
     @classmethod
     def from_scenario(cls, scenario: object) -> "Scheduler":

@@ -42,7 +42,7 @@ from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, PlacementView, ReplicaLoad, Routing, Scheduler, SchedulerDecision,
+from slicesched.sched.interface import (SCHEDULERS, Batching, PlacementView, ReplicaLoad, Routing, Scheduler, SchedulerDecision,
                                         ShardLease, ShardRelease, ShardStage, SlicePlacement)
 
 HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
@@ -123,6 +123,7 @@ class _Lease:
 class SliceScheduler(Scheduler):
     name = "slicesched"
     routing = Routing.PREDICTED_TTFT  # arrivals go where the least prefill work is queued
+    batching = Batching.TPOT_BUDGET  # prefill riding with decodes kept within their TPOT SLO
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
                  capacity_bytes: float = 80e9) -> None:

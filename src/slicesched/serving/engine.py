@@ -133,6 +133,7 @@ class TenantEngine:
         self.chunked_prefill = chunked_prefill
         self.max_inflight_batches = max_inflight_batches
         self.max_model_len = max_model_len
+        self.decode_batch_tokens: int | None = None  # token budget of an iteration carrying decodes (None: max_batch_tokens)
         self.num_preemptions = 0  # all preemptions, KV pressure and OOM
         self.num_oom_preemptions = 0  # those caused by preempt_all
         self._waiting: deque[Request] = deque()
@@ -172,7 +173,13 @@ class TenantEngine:
         if len(self._inflight) >= self.max_inflight_batches:
             return None
         draft = _Draft(self.max_batch_tokens)
-        if self._schedule_decodes(draft):
+        saw_prefill = self._schedule_decodes(draft)
+        if draft.ids and self.decode_batch_tokens is not None:
+            # Sarathi-Serve's stall-free batching: prefill work riding with decodes is capped so the
+            # decodes' step stays short; a quarter of the budget always goes to prefills (no starving)
+            cap = self.decode_batch_tokens
+            draft.budget = min(draft.budget, max(cap - len(draft.ids), cap // 4))
+        if saw_prefill:
             self._schedule_prefill_chunks(draft)
         self._admit_waiting(draft, now)
         if not draft.ids:
