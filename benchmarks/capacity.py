@@ -8,6 +8,7 @@ be followed from one change to the next. Real-trace scenarios need ../shared (sk
     python benchmarks/capacity.py                  # every scenario, 20 s windows
     python benchmarks/capacity.py hot_cold default # chosen ones
     python benchmarks/capacity.py hot_cold -s dedicated -s slicesched  # chosen schedulers
+    python benchmarks/capacity.py default -s slicesched -s dedicated-slo-aware  # what loans add
 
 The ratio needs `slicesched` and at least one baseline among the schedulers run.
 """
@@ -33,6 +34,7 @@ SCENARIOS = {
     "servegen_m_large": ROOT / "scenarios/servegen_m_large.toml",
 }
 SCHEDULERS = ("dedicated", "temporal-mux", "realloc", "slicesched")
+ABLATION = "dedicated-slo-aware"  # dedicated with SliceScheduler's routing and batching: `-s dedicated-slo-aware`
 WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, 5 grid probes + 3 bisections
 JOBS = int(os.environ.get("BENCH_JOBS", "2"))
 
@@ -61,6 +63,9 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
         ratio = res["slicesched"].scale / best.scale if best.scale > 0 else float("nan")
         print(f"best_baseline_{name}: {best.scheduler}")
         print(f"capacity_ratio_{name}: {ratio:.3f} x")
+    if "slicesched" in res and ABLATION in res and res[ABLATION].scale > 0:
+        # what the loans add over the same serving rules without them
+        print(f"capacity_ratio_vs_{ABLATION}_{name}: {res['slicesched'].scale / res[ABLATION].scale:.3f} x")
     print(f"capacity_search_wall_{name}: {time.perf_counter() - t0:.1f} s")
     print(f"capacity_search_cpu_parent_{name}: {time.process_time() - c0:.1f} s", flush=True)
 

@@ -68,6 +68,12 @@ def test_best_baseline_leaves_the_candidate_out():
     assert best_baseline(res).scheduler == "temporal-mux"
 
 
+def test_an_ablation_is_never_the_best_baseline():
+    res = {n: capacity_from_points(n, [point(k, (0.0,))]) for n, k in
+           (("slicesched", 8.0), ("dedicated", 2.0), ("dedicated-slo-aware", 8.0))}
+    assert best_baseline(res).scheduler == "dedicated"
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_scenario_toml):
     """The shared tiny scenario, burstier and with a 7B tenant, over a 3 s window."""

@@ -397,3 +397,15 @@ def test_batching_is_the_schedulers_declared_rule():
 
     target = TPOT_BUDGET_FRAC * slas["a"].tpot_s
     assert step_s(budget) <= target < step_s(budget + 64)
+
+
+def test_the_ablation_serves_as_slicesched_does_without_loans():
+    from slicesched.replay.slo import isolated_slas
+
+    sc = scenario(TWO_REPLICAS)
+    cost = make_cost_model()
+    trace = Trace.from_columns("t", [9.0], [10], [2], ["a"])
+    ab = ReplayDriver(sc, make_scheduler("dedicated-slo-aware", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
+    ss = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
+    assert ab.replicas[0].engine.decode_batch_tokens == ss.replicas[0].engine.decode_batch_tokens is not None
+    assert ab.scheduler.routing is ss.scheduler.routing

@@ -236,8 +236,11 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
 
 
 def best_baseline(results: dict[str, CapacityResult], candidate: str = "slicesched") -> CapacityResult | None:
-    """The baseline with the highest capacity (ties: the higher throughput there)."""
-    base = [r for n, r in results.items() if n != candidate]
+    """The baseline with the highest capacity (ties: the higher throughput there); ablations
+    (`sched.baselines.ABLATIONS`) are never one."""
+    from slicesched.sched.baselines import ABLATIONS
+
+    base = [r for n, r in results.items() if n != candidate and n not in ABLATIONS]
     return max(base, key=lambda r: (r.scale, r.throughput)) if base else None
 
 

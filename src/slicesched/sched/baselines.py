@@ -27,8 +27,8 @@ from slicesched.gmg.graph import GlobalMappingGraph
 from slicesched.gmg.ops import BatchShape
 from slicesched.hardware.specs import device_spec, link_spec
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, ContainerMove, Scheduler, SchedulerDecision, ServingView,
-                                        SlicePlacement, TenantDemand)
+from slicesched.sched.interface import (SCHEDULERS, Batching, ContainerMove, Routing, Scheduler, SchedulerDecision,
+                                        ServingView, SlicePlacement, TenantDemand)
 
 
 def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
@@ -47,6 +47,21 @@ class DedicatedScheduler(Scheduler):
 
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         return SchedulerDecision(now, home_placements(gmg))
+
+
+@SCHEDULERS.register("dedicated-slo-aware")
+class DedicatedSLOAwareScheduler(DedicatedScheduler):
+    """An ablation, not a published design: `dedicated` with SliceScheduler's serving rules
+    (arrivals routed by predicted TTFT, prefill beside decodes kept within the TPOT SLO) and no
+    loans. SliceScheduler's margin over it is what its operator-level placement adds."""
+
+    name = "dedicated-slo-aware"
+    routing = Routing.PREDICTED_TTFT
+    batching = Batching.TPOT_BUDGET
+
+
+ABLATIONS = frozenset({"dedicated-slo-aware"})
+"""Registered schedulers that are measurement aids, never the "best baseline" of a comparison."""
 
 
 Replicas = tuple[tuple[str, tuple[int, ...]], ...]
