@@ -55,7 +55,7 @@ def profile_figures() -> None:
 def cpu_figures(repeats: int = 15) -> None:
     import torch
 
-    from slicesched.cost.profiler import prepare_grid
+    from slicesched.executor.profiler import prepare_grid
     from slicesched.executor.fidelity import calibrate_and_validate, prepare_trace
 
     torch.set_num_threads(1)

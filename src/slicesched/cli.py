@@ -257,7 +257,7 @@ def profile(
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from slicesched.cost.profiler import GRID_STEPS, GRID_WIDTHS, device_name, prepare_grid, profile_of, time_slices
+    from slicesched.executor.profiler import GRID_STEPS, GRID_WIDTHS, device_name, prepare_grid, profile_of, time_slices
 
     torch.set_num_threads(threads)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -284,7 +284,7 @@ def fidelity(
     from rich.console import Console
     from rich.table import Table
 
-    from slicesched.cost.profiler import prepare_grid
+    from slicesched.executor.profiler import prepare_grid
     from slicesched.executor.fidelity import calibrate_and_validate, plot, prepare_trace
 
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from slicesched.cost import CalibratedCostModel  # noqa: E402
-from slicesched.cost.profiler import Step, Width, prepare_grid, profile_of  # noqa: E402
+from slicesched.executor.profiler import Step, Width, prepare_grid, profile_of  # noqa: E402
 from slicesched.executor.fidelity import calibrate_and_validate, plot, prepare_trace, validate  # noqa: E402
 
 TENANT = {"t": Width(96, 256, 4, 2, layers=2, vocab=256)}

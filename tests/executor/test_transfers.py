@@ -7,7 +7,7 @@ import torch
 from slicesched.executor import Executor, build_program
 from slicesched.executor.placement import round_robin
 from slicesched.executor.program import activation_bytes_moved, state_tensors_of
-from slicesched.models.capture import capture_exported, flatten_exported_inputs
+from slicesched.gmg.capture import capture_exported, flatten_exported_inputs
 
 
 def _setup(steps, family="qwen2"):

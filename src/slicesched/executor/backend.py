@@ -26,7 +26,7 @@ from slicesched.executor.report import RunResult, SliceRecord
 from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
-from slicesched.models.capture import value_bytes
+from slicesched.gmg.capture import value_bytes
 from slicesched.decisions import OOMEvent, SchedulerDecision, SliceCompletion, StepOutcome
 from slicesched.sched.interface import Scheduler
 

@@ -3,7 +3,7 @@
 Two tenants (random-weight Llama-style models of widths that the profiling grid never saw) run
 a short trace of iterations (prefills of different lengths, decodes of growing batch and
 context) on the executor, one op per slice, on one CPU device. The same captured graphs run in
-the simulator with a cost model calibrated on this machine (`cost/profiler.py` profile). The
+the simulator with a cost model calibrated on this machine (`executor/profiler.py` profile). The
 report compares, per iteration, measured and predicted latency, per op kind the op latencies,
 and the peak memory: measured as the real bytes of the weights, KV caches and activation
 tensors alive at once (each slice's outputs, measured on the tensors it returned, freed after
@@ -23,7 +23,7 @@ import pandas as pd
 
 from slicesched.cost.model import CostModel
 from slicesched.cost.profile import Profile
-from slicesched.cost.profiler import Prepared, Step, Width, llama, prepare, time_slices
+from slicesched.executor.profiler import Prepared, Step, Width, llama, prepare, time_slices
 from slicesched.gmg.ops import IterationGraph, OpKind
 
 #: Validation tenants: widths, depths and GQA ratios that the default profiling grid lacks.
@@ -70,7 +70,7 @@ def measured_peak(items: Sequence[tuple[str, Prepared]]) -> float:
     import torch
 
     from slicesched.executor import Executor
-    from slicesched.models.capture import value_bytes
+    from slicesched.gmg.capture import value_bytes
 
     weights: dict[str, float] = {}
     worst = 0.0
@@ -162,7 +162,7 @@ def calibrate_and_validate(grid: Sequence[Prepared], items: Sequence[tuple[str, 
     """Time the profiling grid and the validation trace in one interleaved loop (so that machine
     noise hits both alike), fit a calibrated model to the grid alone, and validate it on the trace."""
     from slicesched.cost.calibrated import CalibratedCostModel
-    from slicesched.cost.profiler import profile_of
+    from slicesched.executor.profiler import profile_of
 
     times = time_slices([*grid, *(it for _, it in items)], repeats)
     profile = profile_of(grid, times[:len(grid)])
