@@ -1,22 +1,17 @@
 """The container-granularity baselines in whole replays: load-aware co-location, and an
 autoscaler that moves containers (and scales idle tenants to zero and back)."""
 
-import textwrap
-import tomllib
 from pathlib import Path
 
-from slicesched.config import load_scenario, parse_scenario
+from slicesched.config import load_scenario
 from slicesched.replay.driver import ReplayDriver
 from slicesched.replay.experiment import RunSpec, run_one
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
 from slicesched.serving import RequestState
+from scenario_helpers import scenario
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def scenario(text: str, source: str = "<scenario>"):
-    return parse_scenario(tomllib.loads(textwrap.dedent(text)), source=source)
 
 
 # a and b are listed first and busy, c and d nearly idle: four single-GPU llama-2-7b tenants

@@ -1,12 +1,9 @@
 """The replay loop on real objects: engines, GMG, simulator, baselines."""
 
-import textwrap
-import tomllib
 
 import numpy as np
 import pytest
 
-from slicesched.config import parse_scenario
 from slicesched.cost import make_cost_model
 from slicesched.gmg import BatchShape, Grain, build_iteration
 from slicesched.hardware import DEVICES, LINKS
@@ -18,10 +15,7 @@ from slicesched.replay.report import comparison_table
 from slicesched.sched import make_scheduler
 from slicesched.serving import RequestState, harvest_share
 from slicesched.traces import Trace
-
-
-def scenario(text: str):
-    return parse_scenario(tomllib.loads(textwrap.dedent(text)))
+from scenario_helpers import scenario
 
 
 ONE_GPU = """

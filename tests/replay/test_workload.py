@@ -1,19 +1,13 @@
-import textwrap
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slicesched.config import parse_scenario
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes
 from slicesched.replay.workload import scenario_trace
 from slicesched.models.spec import model_spec
-import tomllib
-
-
-def scenario(text: str):
-    return parse_scenario(tomllib.loads(textwrap.dedent(text)))
+from scenario_helpers import scenario
 
 
 BASE = """

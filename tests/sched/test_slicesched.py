@@ -1,13 +1,11 @@
 """SliceScheduler v2 on the real simulator: borrowed devices take a busy tenant's MLP slices;
 what-if forks keep staging within memory and loans within the lender's SLA slack."""
 
-import textwrap
-import tomllib
 
 import numpy as np
 import pytest
 
-from slicesched.config import SliceSchedConfig, parse_scenario
+from slicesched.config import SliceSchedConfig
 from slicesched.cost import make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, build_iteration
 from slicesched.hardware import Cluster, Container
@@ -20,6 +18,7 @@ from slicesched.sched.interface import ReplicaLoad, SchedulerDecision, ShardLeas
 from slicesched.sched.slicesched import SliceScheduler, mlp_slices
 from slicesched.serving import SLA
 from slicesched.sim import Simulator
+from scenario_helpers import scenario
 
 M = model_spec("llama-2-7b")
 MODELS = {"hot": "llama-2-7b", "cold": "llama-2-7b"}
@@ -252,7 +251,7 @@ HOT_COLD = """
 
 
 def replay(text):
-    sc = parse_scenario(tomllib.loads(textwrap.dedent(text)))
+    sc = scenario(text)
     cost = make_cost_model("roofline")
     s = make_scheduler("slicesched", sc)
     d = ReplayDriver(sc, s, scenario_trace(sc, 1.0, sc.replay.duration_s), cost=cost, slas=isolated_slas(sc, cost))
@@ -271,9 +270,9 @@ def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
 
 
 def test_settings_come_from_the_scenario_table():
-    sc = parse_scenario(tomllib.loads(textwrap.dedent(HOT_COLD + """
+    sc = scenario(HOT_COLD + """
         [schedulers.slicesched]
         lender_slack_frac = 0.25
-    """)))
+    """)
     s = make_scheduler("slicesched", sc)
     assert s.cfg.lender_slack_frac == 0.25 and s.cfg.min_gain_frac == SliceSchedConfig().min_gain_frac
