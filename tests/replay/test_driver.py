@@ -369,7 +369,7 @@ def test_batching_is_the_schedulers_declared_rule():
     most the prefill whose cost-model step fits in its TPOT SLO; the baselines keep the
     configured budget."""
     from slicesched.gmg import BatchShape, build_iteration
-    from slicesched.replay.driver import DECODES_AT_BUDGET, TPOT_BUDGET_FRAC
+    from slicesched.replay.serving_rules import DECODES_AT_BUDGET, TPOT_BUDGET_FRAC
     from slicesched.replay.slo import isolated_slas
     from slicesched.serving.sla import REFERENCE_PROMPT
 

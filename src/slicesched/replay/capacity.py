@@ -30,6 +30,7 @@ from slicesched.models.spec import model_spec
 from slicesched.replay.deployment import build_cluster
 from slicesched.replay.experiment import RunSpec, RunSummary, run_many
 from slicesched.replay.workload import scenario_trace
+from slicesched.sched.baselines import ABLATIONS
 
 MAX_VIOLATION = 0.09
 DIP_TOLERANCE = 0.02
@@ -238,8 +239,6 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
 def best_baseline(results: dict[str, CapacityResult], candidate: str = "slicesched") -> CapacityResult | None:
     """The baseline with the highest capacity (ties: the higher throughput there); ablations
     (`sched.baselines.ABLATIONS`) are never one."""
-    from slicesched.sched.baselines import ABLATIONS
-
     base = [r for n, r in results.items() if n != candidate and n not in ABLATIONS]
     return max(base, key=lambda r: (r.scale, r.throughput)) if base else None
 

@@ -27,19 +27,17 @@ from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, bl
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
+from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
 from slicesched.decisions import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, SchedulerDecision,
                                   ShardLease, ShardRelease, ShardStage, WeightCopy, WeightEviction)
 from slicesched.sched.interface import Batching, Routing, Scheduler
 from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
                                 count_violations)
-from slicesched.serving.sla import REFERENCE_PROMPT
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
 BLOCK_TOKENS = 16
 VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
-TPOT_BUDGET_FRAC = 0.8  # Batching.TPOT_BUDGET: a step with decodes may take this share of the TPOT SLO
-DECODES_AT_BUDGET = 8  # ... with this many decodes beside its prefill chunk
 _GRAINS = {"op": Grain.OP, "block": Grain.BLOCK, "layer": Grain.LAYER}
 
 
@@ -179,33 +177,14 @@ class ReplayDriver:
         return ReplicaState(r, self.cluster.group_id(r.devices), engine, per_tok)
 
     def _decode_budget(self, r: Replica) -> int | None:
-        """Tokens of an iteration carrying decodes whose cost-model step fits in TPOT_BUDGET_FRAC
-        of the tenant's TPOT SLO (reference prompt): a prefill chunk beside DECODES_AT_BUDGET
-        decodes at REFERENCE_PROMPT context, the largest multiple of 64 that fits (at least 64;
-        None: the configured budget already fits, or the tenant has no SLA)."""
-        sla, cap = self.slas.get(r.tenant), self.cfg[r.tenant].max_batch_tokens
-        key = (r.tenant, r.tp)
+        """`serving_rules.decode_budget` of the replica's tenant (None without an SLA), once per (tenant, tp)."""
+        key, sla = (r.tenant, r.tp), self.slas.get(r.tenant)
         if key not in self._budgets:
-            self._budgets[key] = None if sla is None else self._largest_fitting(r, cap, TPOT_BUDGET_FRAC * sla.tpot_s)
+            link = self.cluster.group_intra_link(self.cluster.group_id(r.devices))
+            self._budgets[key] = None if sla is None else decode_budget(
+                self.models[r.tenant], r.tp, self.grain, self.cost, self.cluster.device_specs[r.devices[0]], link,
+                self.cfg[r.tenant].max_batch_tokens, sla.tpot_s)
         return self._budgets[key]
-
-    def _largest_fitting(self, r: Replica, cap: int, target_s: float) -> int | None:
-        m, dev = self.models[r.tenant], self.cluster.device_specs[r.devices[0]]
-        link = self.cluster.group_intra_link(self.cluster.group_id(r.devices))
-
-        def step_s(n: int) -> float:
-            d = DECODES_AT_BUDGET
-            shape = BatchShape(np.array([n] + [1] * d, np.int64), np.array([0] + [REFERENCE_PROMPT] * d, np.int64),
-                               d + 1)
-            return float(self.cost.op_times(build_iteration(m, shape, r.tp, self.grain), dev, link).sum())
-
-        if step_s(cap) <= target_s:
-            return None
-        lo, hi = 1, cap // 64  # multiples of 64: step_s(64 * lo) assumed to fit, else lo stays
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if step_s(64 * mid) <= target_s else (lo, mid - 1)
-        return 64 * lo
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]:
         out = []
@@ -322,19 +301,9 @@ class ReplayDriver:
             self._parked.setdefault(req.tenant, []).append(req)
             return None
         if self.scheduler.routing is Routing.PREDICTED_TTFT:
-            return self._admit(min(reps, key=lambda rs: (self._queued_prefill_s(rs), rs.relative_load)), req)
+            sla = self.slas.get(req.tenant)
+            return self._admit(min(reps, key=lambda rs: (queued_prefill_s(rs.engine, sla), rs.relative_load)), req)
         return self._admit(min(reps, key=lambda rs: rs.relative_load), req)
-
-    def _queued_prefill_s(self, rs: ReplicaState) -> float:
-        """Isolated prefill seconds still ahead in the replica (prompt tokens not yet computed of
-        every request without a first token, each at its own prompt's isolated TTFT rate): a
-        new arrival's TTFT there, predicted from the SLA's isolated latency alone."""
-        sla = self.slas.get(rs.replica.tenant)
-        backlog = rs.engine.prefill_backlog()
-        if sla is None or not sla.scale_ttft or not backlog:
-            return float(sum(left for _, _, left in backlog))  # no isolated latency: tokens
-        _, prompt, left = (np.array(c) for c in zip(*backlog))
-        return float(np.sum(sla.ttft_for(prompt) / sla.scale * left / prompt))
 
     def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
         if req.prompt_tokens >= target.engine.max_model_len:
