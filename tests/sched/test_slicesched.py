@@ -14,7 +14,7 @@ from slicesched.replay.driver import ReplayDriver
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
-from slicesched.sched.interface import ReplicaLoad, SchedulerDecision, ShardLease, SlicePlacement
+from slicesched.sched.interface import GuestStop, ReplicaLoad, SchedulerDecision, ShardLease, SlicePlacement
 from slicesched.sched.slicesched import SliceScheduler, mlp_slices
 from slicesched.serving import SLA
 from slicesched.sim import Simulator
@@ -80,6 +80,17 @@ def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
     assert st.kv_mirror_bytes == pytest.approx(min(pool / 2, COLD_IDLE.kv_free_bytes * 0.5 - st.bytes_per_device))
 
 
+def test_a_lender_keeps_headroom_for_its_recent_kv_peak():
+    g, sim = two_tenants()
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 1, 3, False, 1, False, 0.3, 55e9 * 0.7)]))
+    assert s.schedule(g, sim.now).shard_stages == ()  # busy: no lender
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))  # idle again, its pool free, its peak 30% a moment ago
+    (st,) = s.schedule(g, sim.now + 1e-3).shard_stages
+    lendable = 0.5 * (55e9 - 2.0 * 0.3 * 55e9)  # lend_frac of what is free beyond twice the peak
+    assert st.kv_mirror_bytes == pytest.approx(lendable - st.bytes_per_device)
+
+
 def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():
     g, sim = two_tenants()
     # the device is fuller than the lender's engine reports (e.g. memory held outside its pool):
@@ -88,8 +99,8 @@ def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():
     s = scheduler()
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     d = s.schedule(g, sim.now)
-    assert d.shard_stages == ()
-    assert s.report.memory_rejections == 1
+    assert d.shard_stages == () and d.guest_starts == ()
+    assert s.report.memory_rejections == 2  # the shards, then an overflow replica there
 
 
 def test_no_staging_on_a_busy_lender_or_for_an_idle_tenant():
@@ -222,6 +233,46 @@ def test_no_loan_over_a_slow_fabric_where_it_would_not_end_sooner():
     assert s.report.gain_rejections == 1
 
 
+# ---- overflow replicas on calm devices of another node --------------------------------------
+def test_an_overflow_replica_is_staged_on_a_calm_device_of_another_node():
+    g, sim = two_tenants(nodes=2, per_node=1)  # no lender on hot's node: no lease, a guest instead
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    (gs,) = s.schedule(g, sim.now).guest_starts
+    assert (gs.tenant, gs.devices, gs.src_devices) == ("hot", (1,), (0,))
+    weights = g.resident["hot"][:, 0].sum()  # its whole replica at its own degree
+    assert gs.kv_bytes == pytest.approx(COLD_IDLE.kv_free_bytes * 0.5 - weights)
+
+
+def test_no_overflow_replica_where_the_fork_predicts_memory_beyond_the_device():
+    g, sim = two_tenants(nodes=2, per_node=1)
+    assert sim.alloc_kv(1, 60e9, "cold") is None  # memory only the simulator's ledger sees
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    assert s.schedule(g, sim.now).guest_starts == ()
+    assert s.report.memory_rejections == 1
+
+
+def test_no_overflow_replica_on_a_busy_lender():
+    g, sim = two_tenants(nodes=2, per_node=1)
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.1, 55e9)]))
+    assert s.schedule(g, sim.now).guest_starts == ()
+
+
+def test_the_overflow_replica_drains_when_its_lenders_load_comes_back():
+    g, sim = two_tenants(nodes=2, per_node=1)
+    s = scheduler()
+    guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
+    few = ReplicaLoad("cold", (1,), 0, 2, False, 1, False, 0.01, 20e9)
+    s.attach(View(sim, [HOT_BUSY, few, guest]))
+    assert all(s.schedule(g, sim.now + i * 1e-3).guest_stops == () for i in range(40))
+    back = ReplicaLoad("cold", (1,), 10, 30, False, 1, False, 0.05, 20e9)
+    s.attach(View(sim, [HOT_BUSY, back, guest]))
+    stops = [d.guest_stops for i in range(60) if (d := s.schedule(g, sim.now + 0.1 + i * 1e-3)).guest_stops]
+    assert stops and stops[0] == (GuestStop("hot", (1,), drain=True),)
+
+
 # ---- a replay --------------------------------------------------------------------------------
 HOT_COLD = """
     seed = 1
@@ -267,6 +318,15 @@ def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
     assert all(q.finish_s is not None for q in r.requests)
     rep = r.stats.scheduler_report  # what it did, for the run's summary
     assert rep["wide_iterations"] == s.report.wide_iterations and rep["kv_bytes_moved"] == d.kv_bytes_moved
+
+
+def test_replay_overflow_replica_on_another_node_serves_the_hot_tenant_without_ooms():
+    two_nodes = HOT_COLD.replace("devices_per_node = 2", "nodes = 2\n    devices_per_node = 1")
+    s, d, r = replay(two_nodes.replace("duration_s = 0.4", "duration_s = 2.0"))  # copies take ~0.3 s
+    assert d.shards_staged == 0 and d.guests_started == 1  # no lender on hot's node: a guest on cold's
+    assert r.stats.ooms == 0 and s.report.guest_starts == 1
+    assert r.tenant_busy[1].get("hot", 0.0) > 0.01  # hot's compute on the cold tenant's device
+    assert all(q.finish_s is not None for q in r.requests)
 
 
 def test_settings_come_from_the_scenario_table():

@@ -200,10 +200,15 @@ class SliceSchedConfig(_Strict):
                                  "requests of its own")
     lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
                              "staged shards")
+    kv_headroom: float = Field(2.0, ge=0, description="a lender keeps this many times its peak KV use (over "
+                               "kv_peak_window_s) before lending any of its free pool")
+    kv_peak_window_s: float = Field(10.0, gt=0, description="window of a lender's KV use history")
     reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "
                                    "KV pool is this full")
     reclaim_forecast_frac: float = Field(0.5, ge=0, description="shards are released when a lender's load forecast "
                                          "passes this share of the borrower's (its load is back)")
+    guest_min_forecast: float = Field(1.0, ge=0, description="a hot tenant gets an overflow replica on calm devices "
+                                      "only while its load forecast is at least this many requests per replica")
     calm_release_s: float = Field(2.0, gt=0, description="shards are released after the tenant's home replica "
                                   "has had no request for this long")
 

@@ -283,7 +283,8 @@ class ReplayDriver:
 
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
-        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining]
+        # a guest takes arrivals once its weights are resident (until then it would only queue them)
+        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining and (not rs.guest or self._loaded(rs))]
         # Beyond the model's context window (the trace's output length stands in for the client's
         # max_tokens; only this check sees it, never a scheduler): cut to fit or refused, per
         # `replay.over_context`. A prompt beyond the KV pool is always refused.
@@ -438,15 +439,18 @@ class ReplayDriver:
         engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
                                                                         home.engine.max_model_len))
+        if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
+            engine.decode_batch_tokens = self._decode_budget(Replica(g.tenant, devs))
         rs = ReplicaState(Replica(g.tenant, devs), self.cluster.group_id(devs), engine, per_tok, guest=True,
                           lent=lent)
         self.replicas.append(rs)
         self.guests_started += 1
-        for h in self.replicas_of(g.tenant):
-            if not h.guest:
-                for req in h.engine.take_waiting(h.engine.num_waiting):
-                    engine.adopt(req, now)
         return rs
+
+    def _loaded(self, rs: ReplicaState) -> bool:
+        """Are all of the replica's weight blocks resident on its devices?"""
+        return self.gmg.weights_on(rs.replica.tenant, 0, 2 * self.models[rs.replica.tenant].layers + 1,
+                                   rs.replica.devices)
 
     def _borrow(self, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
         """Lend `nbytes` per device from the free KV blocks of each device's owner replica, all

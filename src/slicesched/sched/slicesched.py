@@ -32,7 +32,7 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -42,8 +42,8 @@ from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, Batching, PlacementView, ReplicaLoad, Routing, Scheduler, SchedulerDecision,
-                                        ShardLease, ShardRelease, ShardStage, SlicePlacement)
+from slicesched.sched.interface import (SCHEDULERS, Batching, GuestStart, GuestStop, PlacementView, ReplicaLoad, Routing,
+                                        Scheduler, SchedulerDecision, ShardLease, ShardRelease, ShardStage, SlicePlacement)
 
 HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
 _RUNNING = int(SliceState.RUNNING)
@@ -88,6 +88,8 @@ class RunReport:
     give_backs: int = 0  # iterations mapped back home because a lender's own work arrived
     stages: int = 0  # ShardStage decisions issued
     releases: int = 0
+    guest_starts: int = 0  # overflow replicas started on calm devices
+    guest_stops: int = 0
     staged_bytes: float = 0.0  # weight bytes the stages asked to copy (all devices)
     whatif_calls: int = 0
     memory_rejections: int = 0  # stages refused by the memory what-if
@@ -142,6 +144,7 @@ class SliceScheduler(Scheduler):
         self._cost = None
         self._memo: dict[tuple, tuple[int, float]] = {}  # shape class -> (mode, decided at)
         self._forecast: dict[str, float] = {}  # tenant -> forecast requests per replica
+        self._kv_seen: dict[int, deque[tuple[float, float]]] = {}  # group -> (time, KV use) over kv_peak_window_s
 
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
@@ -164,12 +167,15 @@ class SliceScheduler(Scheduler):
         self._now = now
         stages: tuple[ShardStage, ...] = ()
         releases: tuple[ShardRelease, ...] = ()
+        starts: tuple[GuestStart, ...] = ()
+        stops: tuple[GuestStop, ...] = ()
         if self._view is not None and now >= self._next_check:
             self._next_check = now + self.cfg.check_interval_s
-            stages, releases = self._refresh_leases(gmg, now)
+            stages, releases, starts, stops = self._refresh_leases(gmg, now)
         placements = self._placements(gmg, now)
         self.report.decision_s.append(time.perf_counter() - t0)
-        return SchedulerDecision(now, placements, shard_stages=stages, shard_releases=releases)
+        return SchedulerDecision(now, placements, shard_stages=stages, shard_releases=releases,
+                                 guest_starts=starts, guest_stops=stops)
 
     def _placements(self, gmg: GlobalMappingGraph, now: float) -> tuple[SlicePlacement, ...]:
         homes, mask = gmg.col("home"), gmg.mask
@@ -239,8 +245,10 @@ class SliceScheduler(Scheduler):
         it = gmg.iterations[key]
         n = it.graph.num_slices
         ids = np.arange(it.base, it.base + n)
-        state = gmg.get("state", ids)
-        group = gmg.get("group", ids)
+        group = gmg.raw("group")[ids & gmg.mask]  # mappings are exact unsettled
+        # a slice starts only once mapped: for an iteration not mapped yet, no read of its
+        # progress (which would make the simulator write out every running chain's steps)
+        state = gmg.get("state", ids) if (group >= 0).any() else np.zeros(n, np.int64)
         want = np.full(n, lease.home_group, np.int64)
         if wide == WHOLE:
             want[:] = lease.union
@@ -361,12 +369,17 @@ class SliceScheduler(Scheduler):
     def _refresh_leases(self, gmg: GlobalMappingGraph, now: float) -> tuple[tuple[ShardStage, ...],
                                                                          tuple[ShardRelease, ...]]:
         view = self._view
-        loads = [r for r in view.replica_loads() if not r.guest]
+        everyone = view.replica_loads()
+        loads = [r for r in everyone if not r.guest]
         leases = view.shard_leases()
         self._sync_leases(gmg, leases)
         for r in loads:
             if r.waiting + r.running or r.group not in self._last_busy:
                 self._last_busy[r.group] = now
+            seen = self._kv_seen.setdefault(r.group, deque())
+            seen.append((now, r.kv_used_frac))
+            while seen[0][0] < now - self.cfg.kv_peak_window_s:
+                seen.popleft()
         per: dict[str, list[int]] = defaultdict(list)
         for r in loads:
             per[r.tenant].append(r.waiting + r.running)
@@ -374,8 +387,12 @@ class SliceScheduler(Scheduler):
         for t, xs in per.items():  # the load forecast: an exponential average per replica
             self._forecast[t] = (1 - a) * self._forecast.get(t, 0.0) + a * sum(xs) / len(xs)
         releases = self._releases(gmg, loads, leases, now)
-        stages = self._stages(gmg, loads, leases, now)
-        return stages, releases
+        guests = [r for r in everyone if r.guest and not r.draining]
+        stops = self._guest_stops(guests, loads, now)
+        hosting = {d for g in guests for d in g.devices}
+        stages = self._stages(gmg, loads, leases, now, hosting)
+        starts = self._guest_starts(gmg, loads, guests, leases, now, hosting | {d for s in stages for d in s.devices})
+        return stages, releases, starts, stops
 
     def _sync_leases(self, gmg: GlobalMappingGraph, leases: tuple[ShardLease, ...]) -> None:
         """Leases whose shards are all resident become usable."""
@@ -431,8 +448,8 @@ class SliceScheduler(Scheduler):
         return False
 
     def _stages(self, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], leases: tuple[ShardLease, ...],
-                now: float) -> tuple[ShardStage, ...]:
-        taken = {d for ls in leases for d in ls.devices}
+                now: float, hosting: set[int]) -> tuple[ShardStage, ...]:
+        taken = {d for ls in leases for d in ls.devices} | hosting
         borrowers = {ls.tenant for ls in leases}
         leased_homes = {ls.home for ls in leases}
         homes = {d for h in leased_homes for d in h}  # a borrower's devices are never lent
@@ -471,7 +488,7 @@ class SliceScheduler(Scheduler):
             shard = block_weight_bytes(model, 2 * tp)
             blocks = tuple(range(len(shard)))
             chosen = tuple(devs[:tp])
-            lendable = {d: o.kv_free_bytes * self.cfg.lend_frac for o in cands for d in o.devices}
+            lendable = {d: self._lendable(o) for o in cands for d in o.devices}
             room = min(lendable[d] for d in chosen) - float(shard.sum())
             if room < 0:
                 continue
@@ -479,7 +496,7 @@ class SliceScheduler(Scheduler):
             pool = r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9) * tp / (2 * tp)
             mirror = min(room, pool)
             st = ShardStage(r.tenant, r.devices, chosen, r.devices, blocks, tuple(float(x) for x in shard), mirror)
-            if not self._memory_safe(st):
+            if not self._memory_safe(st.devices, st.weight_copies(), st.kv_mirror_bytes):
                 continue
             out.append(st)
             taken.update(chosen)
@@ -489,18 +506,97 @@ class SliceScheduler(Scheduler):
             self.report.staged_bytes += st.bytes_per_device * len(chosen)
         return tuple(out)
 
-    def _memory_safe(self, st: ShardStage) -> bool:
-        """What-if: apply the copies, run ahead: no predicted OOM, peaks within capacity."""
+    # ---- overflow replicas (every check_interval_s) --------------------------------------------
+    def _guest_stops(self, guests: list[ReplicaLoad], loads: list[ReplicaLoad], now: float) -> tuple[GuestStop, ...]:
+        """Drain a guest when its lenders' load comes back or its tenant is calm (the lease rules)."""
+        fc, top = self._forecast, max(self._forecast.values(), default=0.0)
+        out = []
+        for g in guests:
+            owners = [o for o in loads if set(o.devices) & set(g.devices)]
+            lim = self.cfg.reclaim_forecast_frac * fc.get(g.tenant, 0.0)
+            need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or fc.get(o.tenant, 0.0) > lim for o in owners)
+            # hysteresis under the start rule: a restart copies the whole replica again
+            calm = fc.get(g.tenant, 0.0) < 0.5 * max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)
+            if need or calm:
+                out.append(GuestStop(g.tenant, g.devices, drain=True))
+                self.report.guest_stops += 1
+        return tuple(out)
+
+    def _guest_starts(self, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], guests: list[ReplicaLoad],
+                      leases: tuple[ShardLease, ...], now: float, taken: set[int]) -> tuple[GuestStart, ...]:
+        """An overflow replica for each hot tenant without one: its weights at its own degree on
+        calm devices of any one node (the lenders' rules), ahead of need; the driver routes an
+        arrival there when its predicted TTFT is the lowest."""
+        fc, top = self._forecast, max(self._forecast.values(), default=0.0)
+        taken = taken | {d for ls in leases for d in ls.devices} | {d for g in guests for d in g.devices}
+        lenders_of = {ls.tenant for ls in leases} | {g.tenant for g in guests}
+        hosted = {g.tenant for g in guests}
+        idle = self._idle_share(gmg, now)
+        out = []
+        for r in sorted(loads, key=lambda x: (-fc.get(x.tenant, 0.0), x.group)):
+            if (r.tenant in hosted or r.tenant not in self.models or r.draining or not taken.isdisjoint(r.devices)
+                    or fc.get(r.tenant, 0.0) < max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)):
+                continue
+            cands = [o for o in loads if o.tenant != r.tenant and o.tenant not in lenders_of and not o.draining
+                     and fc.get(o.tenant, 0.0) <= self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
+                     and o.waiting + o.running <= self.cfg.lender_max_load
+                     and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
+            g = self._guest_for(gmg, r, cands, taken, idle)
+            if g is None:
+                continue
+            out.append(g)
+            hosted.add(r.tenant)
+            taken.update(g.devices)
+            taken.update(r.devices)
+            self.report.guest_starts += 1
+        return tuple(out)
+
+    def _guest_for(self, gmg: GlobalMappingGraph, r: ReplicaLoad, cands: list[ReplicaLoad], taken: set[int],
+                   idle: np.ndarray) -> GuestStart | None:
+        tp = len(r.devices)
+        fc = self._forecast
+        owner = {d: o for o in cands for d in o.devices}
+        weights = float(block_weight_bytes(model_spec(self.models[r.tenant]), tp).sum())
+        pool = r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9)  # the home replica's KV pool per device
+        best = None
+        for node in sorted({gmg.cluster.device_node[d] for d in owner}):
+            devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken
+                           and idle[d] >= self.cfg.min_idle_share),
+                          key=lambda d: (fc.get(owner[d].tenant, 0.0), -float(idle[d]), d))[:tp]
+            if len(devs) < tp:
+                continue
+            kv = min(self._lendable(owner[d]) for d in devs) - weights
+            if kv < 0.25 * pool:
+                continue
+            key = (sum(fc.get(owner[d].tenant, 0.0) for d in devs), -kv)
+            if best is None or key < best[0]:
+                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), r.devices, min(kv, pool)))
+        if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(
+                len(block_weight_bytes(model_spec(self.models[r.tenant]), tp))), best[1].kv_bytes):
+            return None
+        return best[1]
+
+    def _lendable(self, o: ReplicaLoad) -> float:
+        """Bytes per device a lender may lend: `lend_frac` of its free KV pool beyond a headroom of
+        `kv_headroom` x its peak use over the last `kv_peak_window_s` (a lender short of KV
+        preempts its own requests before a release can give the memory back)."""
+        pool = o.kv_free_bytes / max(1.0 - o.kv_used_frac, 1e-9)
+        peak = max((f for _, f in self._kv_seen.get(o.group, ())), default=o.kv_used_frac)
+        return self.cfg.lend_frac * max(0.0, o.kv_free_bytes - self.cfg.kv_headroom * peak * pool)
+
+    def _memory_safe(self, devices: tuple[int, ...], copies: tuple, extra_bytes: float) -> bool:
+        """What-if: apply the copies, run ahead: no predicted OOM, peaks plus the `extra_bytes`
+        per device still to be lent (KV) within capacity."""
         import time
 
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
         fork = self._view.whatif().fork()
-        fork.apply(SchedulerDecision(fork.now, weight_copies=st.weight_copies()))
+        fork.apply(SchedulerDecision(fork.now, weight_copies=copies))
         pred = fork.simulate(self.cfg.stage_horizon_s)
         self.report.whatif_s += time.perf_counter() - t0
-        peak = pred.peak_memory[list(st.devices)]
-        ok = not pred.ooms and bool(np.all(peak + st.kv_mirror_bytes <= self.capacity_bytes))
+        peak = pred.peak_memory[list(devices)]
+        ok = not pred.ooms and bool(np.all(peak + extra_bytes <= self.capacity_bytes))
         self.report.memory_rejections += not ok
         return ok
 
