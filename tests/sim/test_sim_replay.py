@@ -131,6 +131,16 @@ def test_fork_predicts_what_an_unperturbed_replay_does() -> None:
     assert np.array_equal(pred.peak_memory, sim.peak_memory())
 
 
+def test_a_fork_asked_to_stop_after_iterations_stops_when_the_last_ends_with_the_same_ends() -> None:
+    sim = decode_loop(Perturbation(3), seconds=0.001)
+    live = sorted(sim.gmg.iterations)
+    full = sim.fork().simulate(1.0)
+    watched = live[:2]
+    short = sim.fork().simulate(1.0, stop_after=watched)
+    assert short.end == max(full.iteration_end[k] for k in watched) < full.end
+    assert all(short.iteration_end[k] == full.iteration_end[k] for k in watched)
+
+
 def test_fork_of_a_perturbed_replay_predicts_running_slices_from_the_cost_model() -> None:
     sim = decode_loop(Perturbation(5, duration_cv=0.5), seconds=0.001)
     pred = sim.fork().simulate(0.002)

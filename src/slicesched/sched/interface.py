@@ -11,7 +11,7 @@ executor implement the same `Backend`, so any scheduler drives either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -45,7 +45,8 @@ class WhatIfFork(Protocol):
 
     def apply(self, decision: SchedulerDecision) -> None: ...
 
-    def simulate(self, horizon_s: float) -> "Prediction": ...
+    def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> "Prediction":
+        """Run ahead `horizon_s`, or only until every iteration in `stop_after` has ended."""
 
 
 class WhatIf(Protocol):

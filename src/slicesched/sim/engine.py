@@ -272,14 +272,23 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._advance(until)
         return self.take_outcome()
 
-    def _advance(self, until: float) -> None:
+    def _advance(self, until: float, stop_after: set[int] | None = None) -> float:
+        """Process events up to `until`, or only to the instant the last of the iterations
+        `stop_after` ends (every event at that instant included); returns where it stopped."""
         self.gmg.defer(None)
+        seen = len(self._finished)
         while (t := self._next_time()) <= until and t < INF:
             self._process()
+            if stop_after and len(self._finished) > seen:
+                stop_after.difference_update(self._finished[seen:])
+                seen = len(self._finished)
+                if not stop_after:
+                    until = self.now
         if until < INF:
             self._new_stamp()  # the close of a run is a step of its own (rows it writes splice apart)
             self._settle(until)
             self.now = max(self.now, until)
+        return until
 
     def stop_recording(self) -> None:
         """Record no more slices, transfers or memory changes (a replay exports only the first
@@ -385,10 +394,11 @@ class Simulator(SegmentMixin, WeightsMixin):
             self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
         return f
 
-    def simulate(self, horizon_s: float) -> Prediction:
-        """Run `horizon_s` ahead and forecast (see `Prediction`)."""
-        t1 = self.now + horizon_s
-        self._advance(t1)
+    def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> Prediction:
+        """Run `horizon_s` ahead and forecast (see `Prediction`). With `stop_after`, stop once
+        every one of those iterations has ended (a caller comparing their ends needs no more):
+        the prediction then covers up to that instant."""
+        t1 = self._advance(self.now + horizon_s, set(stop_after))
         self._done, self._done_chains = [], []
         return build_prediction(self._sh.cluster, self.mem.t0, t1, self._tracked, self.log, self.tail(),
                                 self.mem.peak())
