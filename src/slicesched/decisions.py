@@ -73,7 +73,8 @@ class ContainerMove:
 @dataclass(frozen=True, slots=True)
 class GuestStart:
     """Serve overflow of `tenant` on `devices` of other containers: copy its weight shards there
-    (shard i from `src_devices[i]`, a device of the tenant's own replica) and give it `kv_bytes`
+    (shard i from `src_devices[i]`, a device of the tenant's own replica, or -1: from host
+    memory over the device's PCIe link, sparing the home replica's links) and give it `kv_bytes`
     per device of KV cache lent by the devices' owners. Its slices then run only where the
     scheduler places them (in the owners' idle slices)."""
 

@@ -160,6 +160,21 @@ def test_mlp_slices_of_a_busy_tenant_go_wide_when_the_lender_is_idle():
     assert s.report.wide_iterations == 1
 
 
+def test_a_wide_iterations_forecast_is_scored_against_its_realized_end():
+    g, sim = two_tenants()  # no perturbation: reality is the cost model, the forecast exact
+    s = scheduler()
+    _, lease = staged(g, sim, s)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], leases=[lease]))
+    sim.add_iteration(build_iteration(M, BatchShape.prefill(4096), tenant="hot"), home=g.cluster.group_id((0,)))
+    d = s.schedule(g, sim.now)
+    out = sim.execute(d, wake="iteration")
+    s.update(out)
+    ((wide, err),) = s.report.forecast_errors
+    assert wide == 1 and abs(err) < 1e-9
+    rep = s.report.as_dict()
+    assert rep["wide_forecast_error_median_pct"] < 1e-6 and rep["wide_realized_over_forecast"] == pytest.approx(1.0)
+
+
 def test_whole_iterations_go_tensor_parallel_over_the_union_while_the_kv_mirror_has_room():
     g, sim = two_tenants()
     s = scheduler()
@@ -247,7 +262,7 @@ def test_an_overflow_replica_is_staged_on_a_calm_device_of_another_node():
     s = scheduler()
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     (gs,) = s.schedule(g, sim.now).guest_starts
-    assert (gs.tenant, gs.devices, gs.src_devices) == ("hot", (1,), (0,))
+    assert (gs.tenant, gs.devices, gs.src_devices) == ("hot", (1,), (-1,))  # from host memory
     weights = g.resident["hot"][:, 0].sum()  # its whole replica at its own degree
     assert gs.kv_bytes == pytest.approx(COLD_IDLE.kv_free_bytes * 0.5 - weights)
 

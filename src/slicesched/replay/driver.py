@@ -425,8 +425,9 @@ class ReplayDriver:
         devs = tuple(g.devices)
         if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.replicas):
             return None
+        src = tuple(g.src_devices)
         home = next((rs for rs in self.replicas if rs.replica.tenant == g.tenant and not rs.guest
-                     and rs.replica.devices == tuple(g.src_devices)), None)
+                     and (rs.replica.devices == src or all(d < 0 for d in src))), None)
         m = self.models[g.tenant]
         weights = block_weight_bytes(m, len(devs))
         lent = self._borrow(devs, float(weights.sum()) + g.kv_bytes)

@@ -43,7 +43,8 @@ from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import model_spec
 from slicesched.sched.interface import (SCHEDULERS, Batching, GuestStart, GuestStop, PlacementView, ReplicaLoad, Routing,
-                                        Scheduler, SchedulerDecision, ShardLease, ShardRelease, ShardStage, SlicePlacement)
+                                        Scheduler, SchedulerDecision, ShardLease, ShardRelease, ShardStage, SlicePlacement,
+                                        StepOutcome)
 
 HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
 _RUNNING = int(SliceState.RUNNING)
@@ -97,11 +98,18 @@ class RunReport:
     gain_rejections: int = 0  # loans refused because the iteration would not end sooner
     decision_s: list[float] = field(default_factory=list)
     decision_cpu_s: list[float] = field(default_factory=list)  # the same, thread CPU time
+    forecast_errors: list[tuple[int, float]] = field(default_factory=list)  # (wide, realized/forecast - 1)
     whatif_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
-        del d["decision_s"], d["decision_cpu_s"]
+        del d["decision_s"], d["decision_cpu_s"], d["forecast_errors"]
+        for wide, name in ((0, "home"), (1, "wide")):  # predicted vs realized iteration completion
+            err = [abs(e) for w, e in self.forecast_errors if w == wide]
+            if err:
+                d[f"{name}_forecast_error_median_pct"] = 100 * float(np.median(err))
+                d[f"{name}_realized_over_forecast"] = 1 + float(np.median([e for w, e in self.forecast_errors
+                                                                           if w == wide]))
         d["decisions"] = len(self.decision_s)
         if self.decision_s:
             p50, p99 = np.percentile(self.decision_s, [50, 99])
@@ -145,6 +153,8 @@ class SliceScheduler(Scheduler):
         self._cost = None
         self._memo: dict[tuple, tuple[int, float]] = {}  # shape class -> (mode, decided at)
         self._forecast: dict[str, float] = {}  # tenant -> forecast requests per replica
+        self._forecast_end: dict[int, tuple[int, float, float]] = {}  # key -> (wide, decided at, forecast end)
+        self._realized = [1.0, 1.0]  # realized / forecast duration, home and wide (exponential average)
         self._kv_seen: dict[int, deque[tuple[float, float]]] = {}  # group -> (time, KV use) over kv_peak_window_s
 
     @classmethod
@@ -218,6 +228,8 @@ class SliceScheduler(Scheduler):
             out += self._mapping(gmg, key, lease, wide, count=True)
         if len(self._mode) > 4096:
             self._mode = {k: v for k, v in self._mode.items() if k in gmg.iterations}
+        if len(self._forecast_end) > 4096:  # aborted iterations never report an end
+            self._forecast_end = {k: v for k, v in self._forecast_end.items() if k in gmg.iterations}
         return tuple(out)
 
     def _lender_live(self, gmg: GlobalMappingGraph) -> dict[int, tuple[int, ...]]:
@@ -330,11 +342,15 @@ class SliceScheduler(Scheduler):
         t_home, t_wide = home.iteration_end.get(key, np.inf), wide.iteration_end.get(key, np.inf)
         # The fork cannot see the lenders' future arrivals; a wide iteration advances only while
         # every lent device is free of its owners' work: stretch it by their recent busy share.
-        t_wide = home.start + (t_wide - home.start) / (1.0 - lease.interference)
-        if mode == WHOLE:
+        t_wide = t_ends = home.start + (t_wide - home.start) / (1.0 - lease.interference)
+        if mode == WHOLE:  # its completion waits for the KV copy home (after its GMG end)
             t_wide += self._sync_estimate(gmg, key, lease)
-        if not np.isfinite(t_wide) or t_wide > t_home - self.cfg.min_gain_frac * max(t_home - home.start, 0.0):
+        # what realized iterations taught: wide ones ran r_wide x their forecast, home ones r_home x
+        t0 = home.start
+        t_judged = t0 + (t_wide - t0) * self._realized[1] / self._realized[0]
+        if not np.isfinite(t_wide) or t_judged > t_home - self.cfg.min_gain_frac * max(t_home - t0, 0.0):
             self.report.gain_rejections += 1
+            self._forecast_end[key] = (0, t0, t_home)
             return False
         for k in lender_keys:
             it = gmg.iterations.get(k)
@@ -345,8 +361,23 @@ class SliceScheduler(Scheduler):
             end_wide, end_home = wide.iteration_end.get(k, np.inf), home.iteration_end.get(k, np.inf)
             if not np.isfinite(end_wide) or end_wide - end_home > slack:
                 self.report.slack_rejections += 1
+                self._forecast_end[key] = (0, t0, t_home)
                 return False
+        self._forecast_end[key] = (1, t0, t_ends)
         return True
+
+    def update(self, outcome: StepOutcome) -> None:
+        """Score the forecasts of iterations that ended (the backend returns at an iteration's
+        end, so `outcome.time` is it): the error for the report, the ratio for later verdicts."""
+        for key in outcome.finished_iterations:
+            f = self._forecast_end.pop(key, None)
+            if f is None or not f[2] > f[1]:
+                continue
+            wide, t0, end = f
+            ratio = (outcome.time - t0) / (end - t0)
+            self.report.forecast_errors.append((wide, ratio - 1.0))
+            a = self.cfg.forecast_weight
+            self._realized[wide] = (1 - a) * self._realized[wide] + a * ratio
 
     def _home_estimate(self, gmg: GlobalMappingGraph, key: int, lease: _Lease) -> float:
         """Cost-model seconds of the iteration alone at home: bounds how far the forks run."""
@@ -579,7 +610,9 @@ class SliceScheduler(Scheduler):
                 continue
             key = (sum(fc.get(owner[d].tenant, 0.0) for d in devs), -kv)
             if best is None or key < best[0]:
-                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), r.devices, min(kv, pool)))
+                # weights from the host cache: a copy out of the home replica would slow its own
+                # work for as long as it streams (servegen x0.839 seed 1: 11 more violations)
+                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), (-1,) * tp, min(kv, pool)))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(
                 len(block_weight_bytes(model_spec(self.models[r.tenant]), tp))), best[1].kv_bytes):
             return None
