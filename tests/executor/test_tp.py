@@ -1,0 +1,174 @@
+"""Tensor parallelism on CPU device workers: Megatron shards, gloo all-reduces between the ranks.
+
+Results are compared with eager (unsharded) execution: logits within float tolerance (the
+partial sums are added in another order), greedy tokens exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slicesched.decisions import OOMEvent
+from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor.tp import run_tp, shard_causal_lm, tp_program
+from slicesched.gmg.capture import CausalLMStep
+
+from executor_models import tiny_model, transformers
+
+STEPS = 3  # decode steps after the prefill
+
+
+def _llama(kv_heads: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=256)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = Executor(4)
+    yield ex
+    ex.close()
+
+
+def _eager_greedy(model, ids, steps=STEPS):
+    step = CausalLMStep(model).eval()
+    logits, keys, values = step(ids)
+    out = [(logits, keys, values)]
+    for _ in range(steps):
+        logits, keys, values = step(logits.argmax(-1), keys, values)
+        out.append((logits, keys, values))
+    return out
+
+
+def _kv(outputs):
+    """(keys, values) of a step's flat outputs [logits, k_0..k_L-1, v_0..v_L-1]."""
+    layers = (len(outputs) - 1) // 2
+    return tuple(outputs[1:1 + layers]), tuple(outputs[1 + layers:])
+
+
+def _tp_greedy(ex, shards, ids, groups, steps=STEPS):
+    """Prefill + `steps` decode steps, each rank feeding back its own KV shard."""
+    world = len(shards)
+    past: list[tuple[tuple, tuple]] = [((), ())] * world
+    nxt, out = ids, []
+    for _ in range(steps + 1):
+        args = [(nxt, *past[r]) for r in range(world)]
+        tp = tp_program(shards, args[0])
+        result = run_tp(ex, tp, [tp.rank_args(r, args[r]) for r in range(world)], groups)
+        assert result.ok, result.report.errors()
+        past = [_kv(r.outputs) for r in result.ranks]
+        logits = result.outputs[0]
+        assert all(torch.equal(r.outputs[0], logits) for r in result.ranks)  # replicated after the all-reduce
+        out.append((logits, past, result))
+        nxt = logits.argmax(-1)
+    return out
+
+
+def _assert_matches(tp_steps, eager_steps, world):
+    for (logits, past, _), (ref, keys, values) in zip(tp_steps, eager_steps):
+        torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(logits.argmax(-1), ref.argmax(-1))
+        for layer in range(len(keys)):  # rank r holds KV heads r*h/N .. (r+1)*h/N
+            torch.testing.assert_close(torch.cat([past[r][0][layer] for r in range(world)], 1), keys[layer])
+            torch.testing.assert_close(torch.cat([past[r][1][layer] for r in range(world)], 1), values[layer])
+
+
+@pytest.mark.parametrize(("world", "kv_heads"), [(2, 2), (4, 4)])
+def test_tp_prefill_and_greedy_decode_match_eager(world, kv_heads):
+    model = _llama(kv_heads)
+    shards = shard_causal_lm(model, world)
+    ex = Executor(world)
+    try:
+        with torch.no_grad():
+            eager = _eager_greedy(model, _ids())
+            tp = _tp_greedy(ex, shards, _ids(), tuple(range(world)))
+        _assert_matches(tp, eager, world)
+        report = tp[0][2].report
+        assert {r.device for r in report.slices} == set(range(world))
+        assert report.transfers == ()  # ranks exchange partial sums by all-reduce only
+        # Each worker holds exactly its shard (q/k/v/o, gate/up/down split; the rest replicated).
+        shard = [sum(t.numel() * t.element_size() for t in (*s.parameters(), *s.buffers())) for s in shards]
+        assert [d.resident for d in ex.devices] == shard
+        assert shard[0] < sum(p.numel() * p.element_size() for p in model.parameters())
+    finally:
+        ex.close()
+
+
+def test_tp_shards_hold_a_partition_of_the_projections():
+    model = tiny_model("llama")
+    a, b = shard_causal_lm(model, 2)
+    attn = model.model.layers[0].self_attn
+    assert torch.equal(torch.cat([a.model.layers[0].self_attn.k_proj.weight,
+                                  b.model.layers[0].self_attn.k_proj.weight], 0), attn.k_proj.weight)
+    assert torch.equal(torch.cat([a.model.layers[0].mlp.down_proj.weight,
+                                  b.model.layers[0].mlp.down_proj.weight], 1), model.model.layers[0].mlp.down_proj.weight)
+    with pytest.raises(ValueError, match="divisible"):
+        shard_causal_lm(model, 4)  # 2 KV heads
+
+
+def test_tp_iteration_split_across_two_groups_moves_activations_rank_to_rank(executor):
+    model = _llama(2)
+    shards = shard_causal_lm(model, 2)
+    ids = _ids()
+    with torch.no_grad():
+        tp = tp_program(shards, (ids, (), ()))
+        n = tp.program.num_slices
+        groups = [(0, 1)] * (n // 2) + [(2, 3)] * (n - n // 2)
+        result = run_tp(executor, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], groups)
+        ref = CausalLMStep(model)(ids)
+    assert result.ok, result.report.errors()
+    torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(result.outputs[0].argmax(-1), ref[0].argmax(-1))
+    acts = {(t.src, t.dst) for t in result.report.transfers if t.what == "activation"}
+    assert acts == {(0, 2), (1, 3)}  # rank r of group A to rank r of group B, nothing across ranks
+    assert {r.device for r in result.report.slices} == {0, 1, 2, 3}
+
+
+def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager():
+    """Rank 1's device cannot hold the activations: the iteration fails on both ranks without a
+    hang (the peers vote before each all-reduce), and run again on roomy devices it succeeds."""
+    model = _llama(2)
+    shards = shard_causal_lm(model, 2)
+    ids = _ids()
+    with torch.no_grad():
+        tp = tp_program(shards, (ids, (), ()))
+        shard_bytes = sum(t.numel() * t.element_size() for t in tp.rank_state[1])
+        ex = Executor([DeviceConfig(), DeviceConfig(budget_bytes=shard_bytes + 4096), DeviceConfig(), DeviceConfig()])
+        try:
+            args = [tp.rank_args(r, (ids, (), ())) for r in range(2)]
+            failed = run_tp(ex, tp, args, (0, 1))
+            assert failed.outputs is None and not failed.ok
+            (oom,) = failed.report.ooms
+            assert isinstance(oom, OOMEvent) and oom.device == 1 and oom.what == "activation"
+            assert oom.in_use_bytes + oom.requested_bytes > oom.capacity_bytes
+            assert all(not r.ok for r in failed.report.slices if r.slice == failed.report.slices[-1].slice)
+            assert [d.live for d in ex.devices] == [0.0] * 4  # nothing left held
+            retry = run_tp(ex, tp, args, (2, 3))  # the same inputs, nothing lost: run elsewhere
+            assert retry.ok
+            torch.testing.assert_close(retry.outputs[0], CausalLMStep(model)(ids)[0], rtol=1e-5, atol=1e-5)
+        finally:
+            ex.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")
+def test_tp2_on_two_gpus_with_nccl_matches_eager():
+    model = _llama(2).to("cuda")
+    shards = shard_causal_lm(model, 2)
+    ids = _ids().to("cuda")
+    ex = Executor([DeviceConfig("cuda:0"), DeviceConfig("cuda:1")])
+    try:
+        with torch.no_grad():
+            tp = tp_program([s for s in shards], (ids, (), ()))
+            result = run_tp(ex, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], (0, 1))
+            ref = CausalLMStep(model)(ids)
+        assert result.ok, result.report.errors()
+        torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-4, atol=1e-4)
+    finally:
+        ex.close()
