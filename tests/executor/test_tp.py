@@ -172,3 +172,61 @@ def test_tp2_on_two_gpus_with_nccl_matches_eager():
         torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-4, atol=1e-4)
     finally:
         ex.close()
+
+
+def _tp_backend(model, devices, budgets=None):
+    from slicesched.executor import ExecutorBackend
+    from slicesched.gmg import GlobalMappingGraph
+    from slicesched.hardware import Cluster, Container
+    from slicesched.models.spec import from_hf_config
+
+    cluster = Cluster.homogeneous("cpu", 1, devices)
+    gmg = GlobalMappingGraph(cluster, {"llama": from_hf_config(model.config.to_dict())},
+                             {"llama": Container("llama", (0, 1))})
+    cfgs = [DeviceConfig(budget_bytes=b) for b in (budgets or [float("inf")] * devices)]
+    return ExecutorBackend(Executor(cfgs), gmg)
+
+
+def _submit_tp(backend, tp, args, group):
+    gid = backend.gmg.cluster.group_id(group)
+    handle = backend.gmg.add_iteration(tp.program.captured.graph, now=backend.now(), home=gid)
+    backend.submit_tp(handle, tp, [tp.rank_args(r, args) for r in range(tp.world)])
+    return handle, gid
+
+
+def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend():
+    """A container of two devices is one group in the GMG; the scheduler's placements on it run
+    tensor-parallel, and a refusal on one rank comes back as one OOM in the step outcomes."""
+    from slicesched.decisions import SchedulerDecision
+    from slicesched.executor import drive
+    from slicesched.sched.baselines import DedicatedScheduler
+
+    model = _llama(2)
+    shards = shard_causal_lm(model, 2)
+    ids = _ids()
+    args = (ids, (), ())
+    with torch.no_grad():
+        tp = tp_program(shards, args, tenant="llama")
+        ref = CausalLMStep(model)(ids)
+        shard_bytes = sum(t.numel() * t.element_size() for t in tp.rank_state[1])
+        backend = _tp_backend(model, 4, [float("inf"), shard_bytes + 4096, float("inf"), float("inf")])
+        try:
+            handle, _ = _submit_tp(backend, tp, args, (0, 1))
+            outcomes = drive(DedicatedScheduler(), backend, [handle.key])
+            while backend.in_flight:  # the failed iteration's later slices report their failure too
+                outcomes.append(backend.execute(SchedulerDecision(backend.now())))
+            ooms = [o for out in outcomes for o in out.ooms]
+            assert [(o.device, o.what, o.tenant) for o in ooms] == [(1, "activation", "llama")]
+            assert handle.key in backend.failed and backend.result(handle.key).outputs is None
+            # The driver retries the same request on another TP-2 group: nothing lost.
+            retry, gid = _submit_tp(backend, tp, args, (2, 3))
+            outcomes = drive(DedicatedScheduler(), backend, [retry.key])
+            assert outcomes[-1].finished_iterations == (retry.key,)
+            assert {c.group for o in outcomes for c in o.completed} == {gid}
+            assert sum(len(o.completed) for o in outcomes) == retry.num_slices  # once per slice, not per rank
+            out = backend.result(retry.key).outputs
+            torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
+            assert torch.equal(out[0].argmax(-1), ref[0].argmax(-1))
+            assert [d.live for d in backend.executor.devices] == [0.0] * 4
+        finally:
+            backend.executor.close()
