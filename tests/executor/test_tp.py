@@ -6,11 +6,13 @@ partial sums are added in another order), greedy tokens exactly.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from slicesched.decisions import OOMEvent
-from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor import DeviceConfig, Executor, collectives
 from slicesched.executor.tp import run_tp, shard_causal_lm, tp_program
 from slicesched.gmg.capture import CausalLMStep
 
@@ -143,7 +145,9 @@ def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager():
         ex = Executor([DeviceConfig(), DeviceConfig(budget_bytes=shard_bytes + 4096), DeviceConfig(), DeviceConfig()])
         try:
             args = [tp.rank_args(r, (ids, (), ())) for r in range(2)]
+            t0 = time.perf_counter()
             failed = run_tp(ex, tp, args, (0, 1))
+            assert time.perf_counter() - t0 < collectives.TIMEOUT_S / 6  # rank 0 was not left waiting
             assert failed.outputs is None and not failed.ok
             (oom,) = failed.report.ooms
             assert isinstance(oom, OOMEvent) and oom.device == 1 and oom.what == "activation"
