@@ -17,8 +17,8 @@ no resharding is needed at a boundary). Collectives of a slice use the process g
 devices it was placed on.
 
 Refusals: a rank that cannot run a slice (budget, failed input) must not leave its peers waiting
-in an all-reduce. Before a slice with a collective, the ranks vote (a one-element all-reduce);
-if any rank refuses, all skip it and the iteration fails on every rank, its OOM reported once.
+in an all-reduce. Before a slice with a collective, the ranks vote (`GroupRun.vote`); if any
+rank refuses, all skip it and the iteration fails on every rank, its OOM reported once.
 """
 
 from __future__ import annotations
@@ -147,9 +147,7 @@ class _RankRun(Run):
     def _peers_agree(self, code: Any, ok: bool) -> bool:
         if not self.group_run.collective[code.index]:
             return ok
-        vote = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        self.group_run.process_group(code.index, self.rank).allreduce([vote]).wait()
-        return int(vote) == self.group_run.world
+        return self.group_run.vote(code.index, ok)
 
 
 class GroupRun:
@@ -169,6 +167,9 @@ class GroupRun:
         self._seen = [0] * program.num_slices
         self._record: list[SliceRecord | None] = [None] * program.num_slices
         self._oom: list[OOMEvent | None] = [None] * program.num_slices
+        self._ballots = [0] * program.num_slices
+        self._nays = [0] * program.num_slices
+        self._votes = threading.Condition()
         for r, args in enumerate(rank_args):
             ex.place_weights([args[i] for i in program.state if i < program.num_inputs], input_group[r])
         self.ranks = [_RankRun(self, r, ex, program, program.full_args(a), input_group[r], self._rank_done)
@@ -194,6 +195,19 @@ class GroupRun:
         with self.ex.collective_order:  # every rank's FIFO sees collectives in the same order
             for r, run in enumerate(self.ranks):
                 run.place(s, group[r])
+
+    def vote(self, s: int, ok: bool) -> bool:
+        """Whether every rank can run slice `s` (each rank votes once, then waits for the rest).
+
+        The ranks are threads of this process, so the vote is a condition variable, not a
+        collective: it carries no data and costs microseconds, where a gloo round costs a
+        loopback exchange per slice."""
+        with self._votes:
+            self._ballots[s] += 1
+            self._nays[s] += not ok
+            self._votes.notify_all()
+            all_in = self._votes.wait_for(lambda: self._ballots[s] == self.world, collectives.TIMEOUT_S)
+            return all_in and self._nays[s] == 0
 
     def _rank_done(self, rec: SliceRecord, oom: OOMEvent | None) -> None:
         with self._lock:
