@@ -74,6 +74,10 @@ def test_budget_refusal_surfaces_as_oom_in_the_step_outcome(steps):
     assert backend.result(handle.key).outputs is None
     assert backend.executor.drain()  # transfers of the dropped run may still be landing
     assert [d.live for d in backend.executor.devices] == [0.0, 0.0]  # nothing left held
+    with torch.no_grad():  # the driver retries the request where it fits: nothing lost
+        retry, ref = _submit(steps, backend, "llama")
+        drive(ContiguousScheduler([0]), backend, [retry.key])
+    assert torch.equal(backend.result(retry.key).outputs[0], ref[0])
 
 
 def test_weight_copy_decision_replicates_a_block(steps):

@@ -106,11 +106,12 @@ def test_tp_prefill_and_greedy_decode_match_eager(world, kv_heads):
 def test_tp_shards_hold_a_partition_of_the_projections():
     model = tiny_model("llama")
     a, b = shard_causal_lm(model, 2)
-    attn = model.model.layers[0].self_attn
-    assert torch.equal(torch.cat([a.model.layers[0].self_attn.k_proj.weight,
-                                  b.model.layers[0].self_attn.k_proj.weight], 0), attn.k_proj.weight)
-    assert torch.equal(torch.cat([a.model.layers[0].mlp.down_proj.weight,
-                                  b.model.layers[0].mlp.down_proj.weight], 1), model.model.layers[0].mlp.down_proj.weight)
+    full, (la, lb) = model.model.layers[0], (a.model.layers[0], b.model.layers[0])
+    assert torch.equal(torch.cat([la.self_attn.k_proj.weight, lb.self_attn.k_proj.weight], 0),
+                       full.self_attn.k_proj.weight)  # column-parallel: output features split
+    assert torch.equal(torch.cat([la.mlp.down_proj.weight, lb.mlp.down_proj.weight], 1),
+                       full.mlp.down_proj.weight)  # row-parallel: input features split
+    assert torch.equal(a.model.embed_tokens.weight, model.model.embed_tokens.weight)  # replicated
     with pytest.raises(ValueError, match="divisible"):
         shard_causal_lm(model, 4)  # 2 KV heads
 
@@ -161,6 +162,25 @@ def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager():
             ex.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tp2_as_two_stream_devices_on_one_gpu_matches_eager():
+    """Two executor devices on one GPU: gloo all-reduces CUDA tensors (NCCL refuses two ranks on one GPU)."""
+    model = _llama(2).to("cuda")
+    ids = _ids().to("cuda")
+    ex = Executor([DeviceConfig("cuda"), DeviceConfig("cuda")])
+    try:
+        with torch.no_grad():
+            tp = tp_program(shard_causal_lm(model, 2), (ids, (), ()))
+            result = run_tp(ex, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], (0, 1))
+            ref = CausalLMStep(model)(ids)
+        torch.cuda.synchronize()
+        assert result.ok, result.report.errors()
+        torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-4, atol=1e-4)
+        assert torch.equal(result.outputs[0].argmax(-1), ref[0].argmax(-1))
+    finally:
+        ex.close()
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")
 def test_tp2_on_two_gpus_with_nccl_matches_eager():
     model = _llama(2).to("cuda")
@@ -169,7 +189,7 @@ def test_tp2_on_two_gpus_with_nccl_matches_eager():
     ex = Executor([DeviceConfig("cuda:0"), DeviceConfig("cuda:1")])
     try:
         with torch.no_grad():
-            tp = tp_program([s for s in shards], (ids, (), ()))
+            tp = tp_program(shards, (ids, (), ()))
             result = run_tp(ex, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], (0, 1))
             ref = CausalLMStep(model)(ids)
         assert result.ok, result.report.errors()
@@ -216,9 +236,11 @@ def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend():
         backend = _tp_backend(model, 4, [float("inf"), shard_bytes + 4096, float("inf"), float("inf")])
         try:
             handle, _ = _submit_tp(backend, tp, args, (0, 1))
+            t0 = time.perf_counter()
             outcomes = drive(DedicatedScheduler(), backend, [handle.key])
             while backend.in_flight:  # the failed iteration's later slices report their failure too
                 outcomes.append(backend.execute(SchedulerDecision(backend.now())))
+            assert time.perf_counter() - t0 < collectives.TIMEOUT_S / 6  # no rank left in an all-reduce
             ooms = [o for out in outcomes for o in out.ooms]
             assert [(o.device, o.what, o.tenant) for o in ooms] == [(1, "activation", "llama")]
             assert handle.key in backend.failed and backend.result(handle.key).outputs is None

@@ -27,17 +27,20 @@ import copy
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slicesched.decisions import OOMEvent
 from slicesched.executor import collectives
-from slicesched.executor.program import SlicedProgram, build_program
+from slicesched.executor.program import SliceCode, SlicedProgram, build_program
 from slicesched.executor.report import RunReport, RunResult, SliceRecord
 from slicesched.executor.run import Run
 from slicesched.gmg.capture import CausalLMStep, capture_exported, export_module, flatten_exported_inputs
 from slicesched.gmg.ops import Grain
+
+if TYPE_CHECKING:
+    from slicesched.executor.runtime import Executor
 
 #: Parameter name suffixes by how they are split (dim 0: output features, dim 1: input features).
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -140,11 +143,11 @@ class _RankRun(Run):
         super().__init__(*args)
         self.group_run, self.rank = group_run, rank
 
-    def _execute(self, code: Any, device: int) -> None:
+    def _execute(self, code: SliceCode, device: int) -> None:
         with collectives.collective_context(self.group_run.process_group(code.index, self.rank)):
             super()._execute(code, device)
 
-    def _peers_agree(self, code: Any, ok: bool) -> bool:
+    def _peers_agree(self, code: SliceCode, ok: bool) -> bool:
         if not self.group_run.collective[code.index]:
             return ok
         return self.group_run.vote(code.index, ok)
@@ -154,7 +157,7 @@ class GroupRun:
     """An iteration of a `TPProgram` run by `world` ranks; slice s is placed on a device group
     (rank r on its r-th device). Reports each slice once, when every rank has run it."""
 
-    def __init__(self, ex: Any, tp: TPProgram, rank_args: Sequence[Sequence[Any]], input_group: tuple[int, ...],
+    def __init__(self, ex: "Executor", tp: TPProgram, rank_args: Sequence[Sequence[Any]], input_group: tuple[int, ...],
                  on_slice: Callable[[SliceRecord, OOMEvent | None], None] | None = None) -> None:
         if len(rank_args) != tp.world or len(input_group) != tp.world:
             raise ValueError(f"TP-{tp.world} needs {tp.world} ranks' inputs and devices")
@@ -261,7 +264,7 @@ class TPResult:
                          tuple(o for r in self.ranks for o in r.report.ooms))
 
 
-def run_tp(ex: Any, tp: TPProgram, rank_args: Sequence[Sequence[Any]],
+def run_tp(ex: "Executor", tp: TPProgram, rank_args: Sequence[Sequence[Any]],
            groups: Sequence[Sequence[int]] | Sequence[int]) -> TPResult:
     """Run one iteration of `tp` on `ex`: `groups` is one device group for all slices or one per
     slice; `rank_args[r]` are rank r's graph inputs (`TPProgram.rank_args`)."""
