@@ -256,3 +256,50 @@ def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend():
             assert [d.live for d in backend.executor.devices] == [0.0] * 4
         finally:
             backend.executor.close()
+
+
+def test_tp_weight_copies_move_each_ranks_shard_and_serve_another_group():
+    """WeightCopy from a TP-2 container's device r copies rank r's shard only; with every block
+    copied to (2, 3), the iteration runs there without moving weights; evicted, they are gone."""
+    from slicesched.decisions import SchedulerDecision, WeightCopy, WeightEviction
+    from slicesched.executor import drive
+    from slicesched.executor.placement import _merge
+
+    import numpy as np
+
+    model = _llama(2)
+    shards = shard_causal_lm(model, 2)
+    ids = _ids()
+    args = (ids, (), ())
+    with torch.no_grad():
+        tp = tp_program(shards, args, tenant="llama")
+        backend = _tp_backend(model, 4)
+        ex = backend.executor
+        try:
+            handle, _ = _submit_tp(backend, tp, args, (0, 1))
+            blocks = sorted({b for b in tp.program.state_wblock if b >= 0})
+            copies = tuple(WeightCopy("llama", b, src, dst) for b in blocks for src, dst in ((0, 2), (1, 3)))
+            assert backend.execute(SchedulerDecision(0.0, weight_copies=copies)).ooms == ()
+            assert ex.devices[2].resident == ex.devices[3].resident > 0.9 * ex.devices[0].resident
+            for rank, dev in ((0, 2), (1, 3)):  # rank r's shard only (rank 0 homes the shared constants)
+                own = {id(t) for t in tp.rank_state[rank]}
+                assert {id(home) for home, _ in ex.devices[dev].replicas.values()} <= own
+            gid = backend.gmg.cluster.group_id((2, 3))
+
+            class OnGroup:
+                def schedule(self, gmg, now):
+                    ready = gmg.unmapped_ready()
+                    return SchedulerDecision(now, _merge(ready, np.full(len(ready), gid)))
+
+                def update(self, outcome):
+                    pass
+
+            drive(OnGroup(), backend, [handle.key])
+            result = backend.result(handle.key)
+            assert result.report.bytes_moved("weight") == 0
+            torch.testing.assert_close(result.outputs[0], CausalLMStep(model)(ids)[0], rtol=1e-5, atol=1e-5)
+            backend.execute(SchedulerDecision(backend.now(), evictions=tuple(
+                WeightEviction("llama", b, d) for b in blocks for d in (2, 3))))
+            assert [d.resident for d in ex.devices[2:]] == [0.0, 0.0]
+        finally:
+            ex.close()

@@ -132,6 +132,9 @@ class ExecutorBackend:
             self.gmg.evict_weights(ev.tenant, ev.block, ev.device)
         for wc in decision.weight_copies:
             tensors = list(self._weights.get((wc.tenant, wc.block), {}).values())
+            # A tensor-parallel tenant's block is one shard per rank: copy the source rank's.
+            shard = [t for t in tensors if self.executor.home_of(t) == wc.src_device]
+            tensors = shard or tensors
             _, refused = self.executor.replicate(tensors, wc.dst_device)
             ooms += refused
             if not refused:

@@ -85,6 +85,11 @@ class Executor:
             self._home[id(t)] = (t, device)
         return oom
 
+    def home_of(self, t: torch.Tensor) -> int | None:
+        """The device holding the home copy of a weight (None: not placed yet)."""
+        home = self._home.get(id(t))
+        return home[1] if home is not None else None
+
     def replicate(self, tensors: Sequence[torch.Tensor], device: int) -> tuple[int, list[OOMEvent]]:
         """Copy weights to `device` (a real copy); returns (bytes copied, refusals)."""
         moved, ooms = 0, []
