@@ -7,14 +7,21 @@ partial sums are added in another order), greedy tokens exactly.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
-from slicesched.decisions import OOMEvent
-from slicesched.executor import DeviceConfig, Executor, collectives
-from slicesched.executor.tp import run_tp, shard_causal_lm, tp_program
+from slicesched.decisions import OOMEvent, SchedulerDecision, WeightCopy, WeightEviction
+from slicesched.executor import DeviceConfig, Executor, ExecutorBackend, collectives, drive
+from slicesched.executor.placement import _merge
+from slicesched.executor.tp import TPProgram, run_tp, shard_causal_lm, tp_program
+from slicesched.gmg import GlobalMappingGraph
 from slicesched.gmg.capture import CausalLMStep
+from slicesched.hardware import Cluster, Container
+from slicesched.models.spec import from_hf_config
+from slicesched.sched.baselines import DedicatedScheduler
 
 from executor_models import tiny_model, transformers
 
@@ -37,6 +44,35 @@ def executor():
     ex = Executor(4)
     yield ex
     ex.close()
+
+
+@dataclass(frozen=True)
+class TP2:
+    """A TP-2 prefill of the GQA Llama: the model, its inputs, the program and eager logits."""
+
+    model: torch.nn.Module
+    ids: torch.Tensor
+    tp: TPProgram
+    ref: torch.Tensor
+
+    @property
+    def args(self) -> tuple:
+        return (self.ids, (), ())
+
+    def rank_args(self) -> list[list]:
+        return [self.tp.rank_args(r, self.args) for r in range(self.tp.world)]
+
+    def assert_eager(self, logits: torch.Tensor) -> None:
+        torch.testing.assert_close(logits, self.ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(logits.argmax(-1), self.ref.argmax(-1))
+
+
+@pytest.fixture(scope="module")
+def tp2():
+    model, ids = _llama(2), _ids()
+    with torch.no_grad():
+        tp = tp_program(shard_causal_lm(model, 2), (ids, (), ()), tenant="llama")
+        return TP2(model, ids, tp, CausalLMStep(model)(ids)[0])
 
 
 def _eager_greedy(model, ids, steps=STEPS):
@@ -116,38 +152,28 @@ def test_tp_shards_hold_a_partition_of_the_projections():
         shard_causal_lm(model, 4)  # 2 KV heads
 
 
-def test_tp_iteration_split_across_two_groups_moves_activations_rank_to_rank(executor):
-    model = _llama(2)
-    shards = shard_causal_lm(model, 2)
-    ids = _ids()
+def test_tp_iteration_split_across_two_groups_moves_activations_rank_to_rank(executor, tp2):
+    n = tp2.tp.program.num_slices
+    groups = [(0, 1)] * (n // 2) + [(2, 3)] * (n - n // 2)
     with torch.no_grad():
-        tp = tp_program(shards, (ids, (), ()))
-        n = tp.program.num_slices
-        groups = [(0, 1)] * (n // 2) + [(2, 3)] * (n - n // 2)
-        result = run_tp(executor, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], groups)
-        ref = CausalLMStep(model)(ids)
+        result = run_tp(executor, tp2.tp, tp2.rank_args(), groups)
     assert result.ok, result.report.errors()
-    torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-5, atol=1e-5)
-    assert torch.equal(result.outputs[0].argmax(-1), ref[0].argmax(-1))
+    tp2.assert_eager(result.outputs[0])
     acts = {(t.src, t.dst) for t in result.report.transfers if t.what == "activation"}
     assert acts == {(0, 2), (1, 3)}  # rank r of group A to rank r of group B, nothing across ranks
     assert {r.device for r in result.report.slices} == {0, 1, 2, 3}
 
 
-def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager():
+def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager(tp2):
     """Rank 1's device cannot hold the activations: the iteration fails on both ranks without a
     hang (the peers vote before each all-reduce), and run again on roomy devices it succeeds."""
-    model = _llama(2)
-    shards = shard_causal_lm(model, 2)
-    ids = _ids()
-    with torch.no_grad():
-        tp = tp_program(shards, (ids, (), ()))
-        shard_bytes = sum(t.numel() * t.element_size() for t in tp.rank_state[1])
-        ex = Executor([DeviceConfig(), DeviceConfig(budget_bytes=shard_bytes + 4096), DeviceConfig(), DeviceConfig()])
-        try:
-            args = [tp.rank_args(r, (ids, (), ())) for r in range(2)]
+    ex = Executor([DeviceConfig(), DeviceConfig(budget_bytes=_shard_bytes(tp2.tp) + 4096), DeviceConfig(),
+                   DeviceConfig()])
+    try:
+        with torch.no_grad():
+            args = tp2.rank_args()
             t0 = time.perf_counter()
-            failed = run_tp(ex, tp, args, (0, 1))
+            failed = run_tp(ex, tp2.tp, args, (0, 1))
             assert time.perf_counter() - t0 < collectives.TIMEOUT_S / 6  # rank 0 was not left waiting
             assert failed.outputs is None and not failed.ok
             (oom,) = failed.report.ooms
@@ -155,55 +181,44 @@ def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager():
             assert oom.in_use_bytes + oom.requested_bytes > oom.capacity_bytes
             assert all(not r.ok for r in failed.report.slices if r.slice == failed.report.slices[-1].slice)
             assert [d.live for d in ex.devices] == [0.0] * 4  # nothing left held
-            retry = run_tp(ex, tp, args, (2, 3))  # the same inputs, nothing lost: run elsewhere
-            assert retry.ok
-            torch.testing.assert_close(retry.outputs[0], CausalLMStep(model)(ids)[0], rtol=1e-5, atol=1e-5)
-        finally:
-            ex.close()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_tp2_as_two_stream_devices_on_one_gpu_matches_eager():
-    """Two executor devices on one GPU: gloo all-reduces CUDA tensors (NCCL refuses two ranks on one GPU)."""
-    model = _llama(2).to("cuda")
-    ids = _ids().to("cuda")
-    ex = Executor([DeviceConfig("cuda"), DeviceConfig("cuda")])
-    try:
-        with torch.no_grad():
-            tp = tp_program(shard_causal_lm(model, 2), (ids, (), ()))
-            result = run_tp(ex, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], (0, 1))
-            ref = CausalLMStep(model)(ids)
-        torch.cuda.synchronize()
-        assert result.ok, result.report.errors()
-        torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-4, atol=1e-4)
-        assert torch.equal(result.outputs[0].argmax(-1), ref[0].argmax(-1))
+            retry = run_tp(ex, tp2.tp, args, (2, 3))  # the same inputs, nothing lost: run elsewhere
+        assert retry.ok
+        tp2.assert_eager(retry.outputs[0])
     finally:
         ex.close()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")
-def test_tp2_on_two_gpus_with_nccl_matches_eager():
+def _shard_bytes(tp: TPProgram, rank: int = 1) -> int:
+    return sum(t.numel() * t.element_size() for t in tp.rank_state[rank])
+
+
+_ONE_GPU = pytest.param(("cuda", "cuda"), marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+                        id="one-gpu-gloo")
+_TWO_GPUS = pytest.param(("cuda:0", "cuda:1"), marks=pytest.mark.skipif(torch.cuda.device_count() < 2,
+                                                                       reason="needs two GPUs"), id="two-gpus-nccl")
+
+
+@pytest.mark.parametrize("devices", [_ONE_GPU, _TWO_GPUS])
+def test_tp2_on_cuda_matches_eager(devices):
+    """Two executor devices on one GPU keep gloo (NCCL refuses two ranks on one GPU); two GPUs use NCCL."""
     model = _llama(2).to("cuda")
-    shards = shard_causal_lm(model, 2)
     ids = _ids().to("cuda")
-    ex = Executor([DeviceConfig("cuda:0"), DeviceConfig("cuda:1")])
+    ex = Executor([DeviceConfig(d) for d in devices])
     try:
         with torch.no_grad():
-            tp = tp_program(shards, (ids, (), ()))
-            result = run_tp(ex, tp, [tp.rank_args(r, (ids, (), ())) for r in range(2)], (0, 1))
+            shards = [s.to(d) for s, d in zip(shard_causal_lm(model, 2), devices)]  # rank r's weights on its GPU
+            tp = tp_program(shards, (ids.to(devices[0]), (), ()))
+            result = run_tp(ex, tp, [tp.rank_args(r, (ids.to(devices[r]), (), ())) for r in range(2)], (0, 1))
             ref = CausalLMStep(model)(ids)
+        torch.cuda.synchronize()
         assert result.ok, result.report.errors()
-        torch.testing.assert_close(result.outputs[0], ref[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(result.outputs[0].to("cuda"), ref[0], rtol=1e-4, atol=1e-4)
+        assert torch.equal(result.outputs[0].to("cuda").argmax(-1), ref[0].argmax(-1))
     finally:
         ex.close()
 
 
 def _tp_backend(model, devices, budgets=None):
-    from slicesched.executor import ExecutorBackend
-    from slicesched.gmg import GlobalMappingGraph
-    from slicesched.hardware import Cluster, Container
-    from slicesched.models.spec import from_hf_config
-
     cluster = Cluster.homogeneous("cpu", 1, devices)
     gmg = GlobalMappingGraph(cluster, {"llama": from_hf_config(model.config.to_dict())},
                              {"llama": Container("llama", (0, 1))})
@@ -211,31 +226,20 @@ def _tp_backend(model, devices, budgets=None):
     return ExecutorBackend(Executor(cfgs), gmg)
 
 
-def _submit_tp(backend, tp, args, group):
+def _submit_tp(backend, tp2, group):
     gid = backend.gmg.cluster.group_id(group)
-    handle = backend.gmg.add_iteration(tp.program.captured.graph, now=backend.now(), home=gid)
-    backend.submit_tp(handle, tp, [tp.rank_args(r, args) for r in range(tp.world)])
+    handle = backend.gmg.add_iteration(tp2.tp.program.captured.graph, now=backend.now(), home=gid)
+    backend.submit_tp(handle, tp2.tp, tp2.rank_args())
     return handle, gid
 
 
-def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend():
+def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend(tp2):
     """A container of two devices is one group in the GMG; the scheduler's placements on it run
     tensor-parallel, and a refusal on one rank comes back as one OOM in the step outcomes."""
-    from slicesched.decisions import SchedulerDecision
-    from slicesched.executor import drive
-    from slicesched.sched.baselines import DedicatedScheduler
-
-    model = _llama(2)
-    shards = shard_causal_lm(model, 2)
-    ids = _ids()
-    args = (ids, (), ())
-    with torch.no_grad():
-        tp = tp_program(shards, args, tenant="llama")
-        ref = CausalLMStep(model)(ids)
-        shard_bytes = sum(t.numel() * t.element_size() for t in tp.rank_state[1])
-        backend = _tp_backend(model, 4, [float("inf"), shard_bytes + 4096, float("inf"), float("inf")])
-        try:
-            handle, _ = _submit_tp(backend, tp, args, (0, 1))
+    backend = _tp_backend(tp2.model, 4, [float("inf"), _shard_bytes(tp2.tp) + 4096, float("inf"), float("inf")])
+    try:
+        with torch.no_grad():
+            handle, _ = _submit_tp(backend, tp2, (0, 1))
             t0 = time.perf_counter()
             outcomes = drive(DedicatedScheduler(), backend, [handle.key])
             while backend.in_flight:  # the failed iteration's later slices report their failure too
@@ -245,61 +249,52 @@ def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend():
             assert [(o.device, o.what, o.tenant) for o in ooms] == [(1, "activation", "llama")]
             assert handle.key in backend.failed and backend.result(handle.key).outputs is None
             # The driver retries the same request on another TP-2 group: nothing lost.
-            retry, gid = _submit_tp(backend, tp, args, (2, 3))
+            retry, gid = _submit_tp(backend, tp2, (2, 3))
             outcomes = drive(DedicatedScheduler(), backend, [retry.key])
-            assert outcomes[-1].finished_iterations == (retry.key,)
-            assert {c.group for o in outcomes for c in o.completed} == {gid}
-            assert sum(len(o.completed) for o in outcomes) == retry.num_slices  # once per slice, not per rank
-            out = backend.result(retry.key).outputs
-            torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
-            assert torch.equal(out[0].argmax(-1), ref[0].argmax(-1))
-            assert [d.live for d in backend.executor.devices] == [0.0] * 4
-        finally:
-            backend.executor.close()
+        assert outcomes[-1].finished_iterations == (retry.key,)
+        assert {c.group for o in outcomes for c in o.completed} == {gid}
+        assert sum(len(o.completed) for o in outcomes) == retry.num_slices  # once per slice, not per rank
+        tp2.assert_eager(backend.result(retry.key).outputs[0])
+        assert [d.live for d in backend.executor.devices] == [0.0] * 4
+    finally:
+        backend.executor.close()
 
 
-def test_tp_weight_copies_move_each_ranks_shard_and_serve_another_group():
+class _OnGroup:
+    """Places every ready slice on one device group."""
+
+    def __init__(self, gid: int) -> None:
+        self.gid = gid
+
+    def schedule(self, gmg, now):
+        ready = gmg.unmapped_ready()
+        return SchedulerDecision(now, _merge(ready, np.full(len(ready), self.gid)))
+
+    def update(self, outcome):
+        pass
+
+
+def test_tp_weight_copies_move_each_ranks_shard_and_serve_another_group(tp2):
     """WeightCopy from a TP-2 container's device r copies rank r's shard only; with every block
     copied to (2, 3), the iteration runs there without moving weights; evicted, they are gone."""
-    from slicesched.decisions import SchedulerDecision, WeightCopy, WeightEviction
-    from slicesched.executor import drive
-    from slicesched.executor.placement import _merge
-
-    import numpy as np
-
-    model = _llama(2)
-    shards = shard_causal_lm(model, 2)
-    ids = _ids()
-    args = (ids, (), ())
-    with torch.no_grad():
-        tp = tp_program(shards, args, tenant="llama")
-        backend = _tp_backend(model, 4)
-        ex = backend.executor
-        try:
-            handle, _ = _submit_tp(backend, tp, args, (0, 1))
-            blocks = sorted({b for b in tp.program.state_wblock if b >= 0})
+    backend = _tp_backend(tp2.model, 4)
+    ex = backend.executor
+    try:
+        with torch.no_grad():
+            handle, _ = _submit_tp(backend, tp2, (0, 1))
+            blocks = sorted({b for b in tp2.tp.program.state_wblock if b >= 0})
             copies = tuple(WeightCopy("llama", b, src, dst) for b in blocks for src, dst in ((0, 2), (1, 3)))
             assert backend.execute(SchedulerDecision(0.0, weight_copies=copies)).ooms == ()
             assert ex.devices[2].resident == ex.devices[3].resident > 0.9 * ex.devices[0].resident
-            for rank, dev in ((0, 2), (1, 3)):  # rank r's shard only (rank 0 homes the shared constants)
-                own = {id(t) for t in tp.rank_state[rank]}
+            for rank, dev in ((0, 2), (1, 3)):  # rank r's shard only
+                own = {id(t) for t in tp2.tp.rank_state[rank]}
                 assert {id(home) for home, _ in ex.devices[dev].replicas.values()} <= own
-            gid = backend.gmg.cluster.group_id((2, 3))
-
-            class OnGroup:
-                def schedule(self, gmg, now):
-                    ready = gmg.unmapped_ready()
-                    return SchedulerDecision(now, _merge(ready, np.full(len(ready), gid)))
-
-                def update(self, outcome):
-                    pass
-
-            drive(OnGroup(), backend, [handle.key])
+            drive(_OnGroup(backend.gmg.cluster.group_id((2, 3))), backend, [handle.key])
             result = backend.result(handle.key)
             assert result.report.bytes_moved("weight") == 0
-            torch.testing.assert_close(result.outputs[0], CausalLMStep(model)(ids)[0], rtol=1e-5, atol=1e-5)
+            tp2.assert_eager(result.outputs[0])
             backend.execute(SchedulerDecision(backend.now(), evictions=tuple(
                 WeightEviction("llama", b, d) for b in blocks for d in (2, 3))))
-            assert [d.resident for d in ex.devices[2:]] == [0.0, 0.0]
-        finally:
-            ex.close()
+        assert [d.resident for d in ex.devices[2:]] == [0.0, 0.0]
+    finally:
+        ex.close()
