@@ -16,7 +16,7 @@ import torch
 from slicesched.decisions import OOMEvent, SchedulerDecision, WeightCopy, WeightEviction
 from slicesched.executor import DeviceConfig, Executor, ExecutorBackend, collectives, drive
 from slicesched.executor.placement import _merge
-from slicesched.executor.tp import TPProgram, run_tp, shard_causal_lm, tp_program
+from slicesched.executor.tp import GroupRun, TPProgram, run_tp, shard_causal_lm, tp_program
 from slicesched.gmg import GlobalMappingGraph
 from slicesched.gmg.capture import CausalLMStep
 from slicesched.hardware import Cluster, Container
@@ -162,6 +162,32 @@ def test_tp_iteration_split_across_two_groups_moves_activations_rank_to_rank(exe
     acts = {(t.src, t.dst) for t in result.report.transfers if t.what == "activation"}
     assert acts == {(0, 2), (1, 3)}  # rank r of group A to rank r of group B, nothing across ranks
     assert {r.device for r in result.report.slices} == {0, 1, 2, 3}
+
+
+def test_ranks_on_different_torch_devices_get_their_own_export(monkeypatch, tp2):
+    """Graphs bake their device into ops (`arange(device=...)`): ranks on two GPUs each need a
+    program made for theirs. CPU stands in: two device indices, so two exports, run in lockstep."""
+    from slicesched.executor import tp as tp_module
+
+    shards = shard_causal_lm(tp2.model, 2)
+    rank_of = {id(s): r for r, s in enumerate(shards)}
+    monkeypatch.setattr(tp_module, "_device_of", lambda m: torch.device("cpu", rank_of[id(m)]))
+    ex = Executor(2)
+    try:
+        with torch.no_grad():
+            tp = tp_program(shards, tp2.args)
+            assert len({p.uid for p in tp.rank_programs}) == 2
+            run = GroupRun(ex, tp, [tp.rank_args(r, tp2.args) for r in range(2)], (0, 1))
+            for s in range(tp.program.num_slices):
+                run.place(s, (0, 1))
+            assert run.wait(60)
+            result = run.result()
+            run.release_all()
+        assert [r.program for r in run.ranks] == list(tp.rank_programs)
+        assert result.ok, result.report.errors()
+        tp2.assert_eager(result.outputs[0])
+    finally:
+        ex.close()
 
 
 def test_budget_refusal_on_one_rank_is_one_oom_and_the_retry_matches_eager(tp2):

@@ -99,8 +99,9 @@ class ExecutorBackend:
         key = handle.key
         run = GroupRun(self.executor, tp, rank_args, home, on_slice=lambda rec, oom: self._events.put((key, rec, oom)))
         for rank, args in enumerate(rank_args):
-            full = tp.program.full_args(args)
-            for i, block in zip(tp.program.state, tp.program.state_wblock):
+            own = tp.program_of(rank)
+            full = own.full_args(args)
+            for i, block in zip(own.state, own.state_wblock):
                 self._weights.setdefault((handle.tenant, block), {})[id(full[i])] = full[i]
         self._live[key] = _Live(handle, tp.program, run)
         for local in range(handle.num_slices):

@@ -89,42 +89,70 @@ def _reduce_output(_module: torch.nn.Module, _inputs: Any, out: torch.Tensor) ->
 
 @dataclass(frozen=True, slots=True)
 class TPProgram:
-    """One sliced program for every rank, and each rank's weights/buffers in `program.state` order."""
+    """One sliced program for every rank, and each rank's weights/buffers in `program.state` order.
+
+    `rank_programs`: one program per rank, where the ranks' shards live on different torch
+    devices (a graph bakes its device into ops such as `arange`); empty when all share one."""
 
     program: SlicedProgram
     rank_state: tuple[tuple[torch.Tensor, ...], ...]
     exported: torch.export.ExportedProgram
+    rank_programs: tuple[SlicedProgram, ...] = ()
 
     @property
     def world(self) -> int:
         return len(self.rank_state)
 
+    def program_of(self, rank: int) -> SlicedProgram:
+        return self.rank_programs[rank] if self.rank_programs else self.program
+
     def rank_args(self, rank: int, args: tuple) -> list[Any]:
         """All graph inputs of rank `rank` for step inputs `args` (its KV shard in the past cache)."""
+        program = self.program_of(rank)
         user = flatten_exported_inputs(self.exported, args, None)
         state = iter(self.rank_state[rank])
-        full = [None] * self.program.num_inputs
-        positions = [i for i in self.program.state if i < self.program.num_inputs]
-        for i in positions:
+        full = [None] * program.num_inputs
+        for i in (i for i in program.state if i < program.num_inputs):
             full[i] = next(state)
-        for i, v in zip(self.program.user, user):
+        for i, v in zip(program.user, user):
             full[i] = v
         return full
 
 
 def tp_program(shards: Sequence[torch.nn.Module], args: tuple, grain: Grain = Grain.BLOCK,
                tenant: str = "") -> TPProgram:
-    """Export rank 0's step for example inputs `args` (rank 0's KV shard) and reuse the program
-    for all ranks, each with its own weights looked up by name."""
+    """Export the step once per torch device holding shards, for example inputs `args` (rank
+    0's KV shard; moved to each device), and give every rank its own weights looked up by name."""
     steps = [CausalLMStep(s).eval() for s in shards]
-    ep = export_module(steps[0], args)
-    program = build_program(capture_exported(ep, grain=grain, tenant=tenant))
-    names = _state_names(ep)
+    devices = [_device_of(s) for s in shards]
+    made: dict[torch.device, tuple[torch.export.ExportedProgram, SlicedProgram]] = {}
+    for d in dict.fromkeys(devices):
+        ep = export_module(steps[devices.index(d)], _to(args, d))
+        made[d] = (ep, build_program(capture_exported(ep, grain=grain, tenant=tenant)))
     ranks = []
-    for step in steps:
+    for step, d in zip(steps, devices):
+        ep = made[d][0]
         tensors = {**ep.constants, **dict(step.named_parameters()), **dict(step.named_buffers())}
-        ranks.append(tuple(tensors[n] for n in names))
-    return TPProgram(program, tuple(ranks), ep)
+        ranks.append(tuple(tensors[n] for n in _state_names(ep)))
+    ep0, program = made[devices[0]]
+    per_rank = tuple(made[d][1] for d in devices) if len(made) > 1 else ()
+    if any(_layout(p) != _layout(program) for p in per_rank):
+        raise ValueError("the ranks' exported programs differ in slices or collectives")
+    return TPProgram(program, tuple(ranks), ep0, per_rank)
+
+
+def _device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def _to(args: tuple, device: torch.device) -> tuple:
+    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), args)
+
+
+def _layout(program: SlicedProgram) -> tuple:
+    """What ranks must share to run in lockstep: slices, their collectives, state and inputs."""
+    return (program.state, program.user,
+            tuple((collectives.is_collective(c.nodes), c.producers) for c in program.slices))
 
 
 def _state_names(ep: torch.export.ExportedProgram) -> list[str]:
@@ -173,10 +201,11 @@ class GroupRun:
         self._ballots = [0] * program.num_slices
         self._nays = [0] * program.num_slices
         self._votes = threading.Condition()
+        self.ranks: list[_RankRun] = []
         for r, args in enumerate(rank_args):
-            ex.place_weights([args[i] for i in program.state if i < program.num_inputs], input_group[r])
-        self.ranks = [_RankRun(self, r, ex, program, program.full_args(a), input_group[r], self._rank_done)
-                      for r, a in enumerate(rank_args)]
+            own = tp.program_of(r)
+            ex.place_weights([args[i] for i in own.state if i < own.num_inputs], input_group[r])
+            self.ranks.append(_RankRun(self, r, ex, own, own.full_args(args), input_group[r], self._rank_done))
 
     @property
     def placed(self) -> list[int]:
