@@ -286,18 +286,34 @@ def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend(tp2):
         backend.executor.close()
 
 
-class _OnGroup:
-    """Places every ready slice on one device group."""
+class _OnGroups:
+    """Splits each iteration's slices into consecutive runs, one per device group."""
 
-    def __init__(self, gid: int) -> None:
-        self.gid = gid
+    def __init__(self, *gids: int) -> None:
+        self.gids = np.asarray(gids)
 
     def schedule(self, gmg, now):
         ready = gmg.unmapped_ready()
-        return SchedulerDecision(now, _merge(ready, np.full(len(ready), self.gid)))
+        sizes = np.asarray([gmg.iteration_of(int(s))[0].graph.num_slices for s in ready])
+        return SchedulerDecision(now, _merge(ready, self.gids[gmg.get("local", ready) * len(self.gids) // sizes]))
 
     def update(self, outcome):
         pass
+
+
+def test_backend_places_one_tp_iteration_on_two_groups(tp2):
+    backend = _tp_backend(tp2.model, 4)
+    try:
+        with torch.no_grad():
+            handle, home = _submit_tp(backend, tp2, (0, 1))
+            other = backend.gmg.cluster.group_id((2, 3))
+            outcomes = drive(_OnGroups(home, other), backend, [handle.key])
+            result = backend.result(handle.key)
+        assert {c.group for o in outcomes for c in o.completed} == {home, other}
+        assert {(t.src, t.dst) for t in result.report.transfers if t.what == "activation"} == {(0, 2), (1, 3)}
+        tp2.assert_eager(result.outputs[0])
+    finally:
+        backend.executor.close()
 
 
 def test_tp_weight_copies_move_each_ranks_shard_and_serve_another_group(tp2):
@@ -315,7 +331,7 @@ def test_tp_weight_copies_move_each_ranks_shard_and_serve_another_group(tp2):
             for rank, dev in ((0, 2), (1, 3)):  # rank r's shard only
                 own = {id(t) for t in tp2.tp.rank_state[rank]}
                 assert {id(home) for home, _ in ex.devices[dev].replicas.values()} <= own
-            drive(_OnGroup(backend.gmg.cluster.group_id((2, 3))), backend, [handle.key])
+            drive(_OnGroups(backend.gmg.cluster.group_id((2, 3))), backend, [handle.key])
             result = backend.result(handle.key)
             assert result.report.bytes_moved("weight") == 0
             tp2.assert_eager(result.outputs[0])

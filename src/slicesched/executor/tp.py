@@ -1,20 +1,24 @@
 """Tensor parallelism: Megatron-style shards of a causal LM, run on a group of executor devices.
 
-    shards = shard_causal_lm(model, 2)                    # per rank: an HF model holding its shard
-    tp = tp_program(shards, [(ids, (), ())] * 2)          # one captured program, per-rank weights
-    result = run_tp(executor, tp, per_rank_inputs, (0, 1)) # rank r on device r, gloo all-reduces
+    shards = shard_causal_lm(model, 2)                       # per rank: an HF model holding its shard
+    tp = tp_program(shards, (ids, (), ()))                   # captured once, per-rank weights
+    args = [tp.rank_args(r, (ids, (), ())) for r in (0, 1)]  # a decode passes rank r's KV shard
+    result = run_tp(executor, tp, args, (0, 1))              # rank r on device r, gloo all-reduces
+
+Through the scheduler interface: `ExecutorBackend.submit_tp` attaches such an iteration, and
+placements on a group of `world` devices run it (rank r on the group's r-th device).
 
 Sharding (Megatron): q/k/v and gate/up are column-parallel (rank r keeps its heads / its part of
 the intermediate width), o and down are row-parallel, each followed by an all-reduce of the
 partial sums; embeddings, norms and the LM head are replicated. Each rank's KV cache holds only
-its KV heads. Every rank has the same shapes, so one captured program serves all ranks; only
-the weights (and KV shards) differ.
+its KV heads. Every rank has the same shapes, so one captured program serves all ranks on one
+torch device (one export per device otherwise); only the weights and KV shards differ.
 
 Placement: slice s of rank r runs on `groups[s][r]`. Slices of one iteration may sit on
-different groups of the same size: rank r's activations then move from group A's rank r to
-group B's rank r (after a row-parallel all-reduce every rank holds the full hidden state, so
-no resharding is needed at a boundary). Collectives of a slice use the process group of the
-devices it was placed on.
+different groups of the same size: rank r's values (hidden states, replicated after each
+all-reduce, or its own heads) move from group A's rank r to group B's rank r, which computes
+with rank r's weights, so nothing is resharded. Collectives of a slice use the process group
+of the devices it was placed on.
 
 Refusals: a rank that cannot run a slice (budget, failed input) must not leave its peers waiting
 in an all-reduce. Before a slice with a collective, the ranks vote (`GroupRun.vote`); if any
