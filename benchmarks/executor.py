@@ -18,6 +18,7 @@ executor costs. `*_vs_one_slice_pct` compares against the same generated code as
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import dataclasses
 from collections.abc import Callable, Sequence
@@ -109,6 +110,93 @@ def _phase(step: torch.nn.Module, name: str, args: tuple) -> dict[str, float]:
     return figures
 
 
+def _timed(program: SlicedProgram, busy: dict[int, float]) -> SlicedProgram:
+    """The program with each slice's code timed into `busy` (seconds per thread)."""
+    def wrap(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        def timed(*a: object) -> tuple:
+            t0 = time.perf_counter()
+            out = fn(*a)
+            busy[threading.get_ident()] = busy.get(threading.get_ident(), 0.0) + time.perf_counter() - t0
+            return out
+        return timed
+
+    return dataclasses.replace(program, slices=tuple(dataclasses.replace(c, fn=wrap(c.fn)) for c in program.slices))
+
+
+def _overheads(runs: dict[str, tuple[Callable[[], object], int]], busy: dict[int, float],
+               repeats: int = REPEATS) -> dict[str, tuple[float, float]]:
+    """Per name: (median wall seconds, median seconds per slice outside the slices' own code),
+    i.e. a run's wall time less its busiest thread's time inside slice code, over its slices.
+    Runs interleaved round-robin after a warm-up, as in `_median_times`."""
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+    for fn, _ in runs.values():
+        fn()
+    for _ in range(repeats):
+        for k, (fn, slices) in runs.items():
+            busy.clear()
+            t0 = time.perf_counter()
+            fn()
+            wall = time.perf_counter() - t0
+            samples[k].append((wall, (wall - max(busy.values(), default=wall)) / slices))
+    return {k: (statistics.median(w for w, _ in v), statistics.median(o for _, o in v)) for k, v in samples.items()}
+
+
+def tensor_parallel(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """Dispatch per slice of a decode step on one device and tensor-parallel on two (block grain).
+
+    `tp2_dispatch_us_per_slice` includes what TP adds per slice: two ranks' worker hand-offs
+    and, before each slice with an all-reduce, the ranks' vote (a one-element gloo all-reduce);
+    the all-reduces of activations are inside the slices' code, reported apart as
+    `tp2_allreduce_us`.
+    """
+    from slicesched.executor.tp import run_tp, shard_causal_lm, tp_program
+
+    with torch.no_grad():
+        _, keys, values = CausalLMStep(model)(ids)
+        args = (ids[:, -1:], keys, values)
+        step = CausalLMStep(model).eval()
+        one_ex, two_ex = Executor(1), Executor(2)
+        busy: dict[int, float] = {}
+        ep = export_module(step, args)
+        one = _timed(build_program(capture_exported(ep, grain=Grain.BLOCK)), busy)
+        flat = [*state_tensors_of(ep), *flatten_exported_inputs(ep, args, None)]
+        shards = shard_causal_lm(model, 2)
+        kv = [(tuple(k.chunk(2, 1)[r].contiguous() for k in keys), tuple(v.chunk(2, 1)[r].contiguous() for v in values))
+              for r in range(2)]
+        rank_inputs = [(ids[:, -1:], *kv[r]) for r in range(2)]
+        tp = tp_program(shards, rank_inputs[0], grain=Grain.BLOCK)
+        tp = dataclasses.replace(tp, program=_timed(tp.program, busy))
+        rank_args = [tp.rank_args(r, rank_inputs[r]) for r in range(2)]
+        t = _overheads({"tp1": (lambda: one_ex.run(one, flat, 0), one.num_slices),
+                        "tp2": (lambda: run_tp(two_ex, tp, rank_args, (0, 1)), tp.program.num_slices),
+                        "eager": (lambda: step(*args), 1)}, busy)
+        (wall1, over1), (wall2, over2), (eager, _) = t["tp1"], t["tp2"], t["eager"]
+        hidden = torch.randn(1, 1, model.config.hidden_size)
+        pgs = two_ex.collectives.groups((0, 1), [torch.device("cpu")] * 2)
+        allreduce = _median_times({"ar": lambda: _allreduce_pair(pgs, hidden)})["ar"]
+    collective = sum(1 for c in tp.program.slices if any(n.startswith("all_reduce") for n in c.nodes))
+    print(f"tp_decode_slices: {one.num_slices} block ({collective} with an all-reduce)")
+    print(f"tp1_dispatch_us_per_slice: {over1 * 1e6:.2f} us")
+    print(f"tp2_dispatch_us_per_slice: {over2 * 1e6:.2f} us")
+    print(f"tp_eager_decode_ms: {eager * 1e3:.3f} ms")
+    print(f"tp1_decode_ms: {wall1 * 1e3:.3f} ms")
+    print(f"tp2_decode_ms: {wall2 * 1e3:.3f} ms")
+    print(f"tp2_allreduce_us: {allreduce * 1e6:.2f} us")
+    one_ex.close()
+    two_ex.close()
+
+
+def _allreduce_pair(pgs: Sequence[object], x: torch.Tensor) -> None:
+    """One all-reduce of `x` by both ranks at once (rank 1 in a thread), as the TP slices do."""
+    def rank(pg: object) -> None:
+        pg.allreduce([x.clone()]).wait()  # type: ignore[attr-defined]
+
+    other = threading.Thread(target=rank, args=(pgs[1],))
+    other.start()
+    rank(pgs[0])
+    other.join()
+
+
 def main() -> None:
     step = CausalLMStep(_model()).eval()
     ids = torch.randint(0, 1024, (1, 32))
@@ -121,6 +209,7 @@ def main() -> None:
     # dispatch measured at op grain (most slices), overhead at block grain (the default).
     print(f"dispatch_us_per_slice: {headline['dispatch_us_per_slice']:.2f} us")
     print(f"overhead_vs_eager_pct: {headline['overhead_vs_eager_pct']:.2f} %")
+    tensor_parallel(step.model, ids)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from slicesched.gmg import GlobalMappingGraph, SliceState
 from slicesched.hardware import Cluster, Container
 from slicesched.gmg.capture import capture_exported, flatten_exported_inputs
 from slicesched.models.spec import from_hf_config
-from slicesched.sched.interface import SchedulerDecision, WeightCopy
+from slicesched.sched.interface import SchedulerDecision, WeightCopy, WeightEviction
 
 
 def _gmg(steps, tenants=("llama",), devices=2):
@@ -74,6 +74,10 @@ def test_budget_refusal_surfaces_as_oom_in_the_step_outcome(steps):
     assert backend.result(handle.key).outputs is None
     assert backend.executor.drain()  # transfers of the dropped run may still be landing
     assert [d.live for d in backend.executor.devices] == [0.0, 0.0]  # nothing left held
+    with torch.no_grad():  # the driver retries the request where it fits: nothing lost
+        retry, ref = _submit(steps, backend, "llama")
+        drive(ContiguousScheduler([0]), backend, [retry.key])
+    assert torch.equal(backend.result(retry.key).outputs[0], ref[0])
 
 
 def test_weight_copy_decision_replicates_a_block(steps):
@@ -108,3 +112,30 @@ def test_execute_returns_at_until_while_a_slice_still_runs(steps):
     assert early.completed == () and early.time < 0.4
     later = backend.execute(SchedulerDecision(backend.now()))
     assert [c.slice_id for c in later.completed] == [handle.slice_base]
+
+
+def test_weight_copy_then_eviction_round_trip(steps):
+    """Copied blocks serve a run on the destination without moving weights; evicted, they are
+    gone from its ledger and the GMG, and the next run there copies them again."""
+    gmg = _gmg(steps)
+    executor = Executor(2)
+    backend = ExecutorBackend(executor, gmg)
+    with torch.no_grad():
+        first, ref = _submit(steps, backend, "llama")
+        blocks = sorted({b for (t, b) in backend._weights if t == "llama" and b >= 0})
+        copies = tuple(WeightCopy("llama", b, 0, 1) for b in blocks)
+        assert backend.execute(SchedulerDecision(0.0, weight_copies=copies)).ooms == ()
+        copied = executor.devices[1].resident
+        assert copied > 0 and gmg.resident["llama"][blocks, 1].sum() == copied
+        drive(ContiguousScheduler([1]), backend, [first.key])
+        run = backend.result(first.key)
+        assert torch.equal(run.outputs[0], ref[0]) and run.report.bytes_moved("weight") == 0
+        evictions = tuple(WeightEviction("llama", b, 1) for b in blocks)
+        backend.execute(SchedulerDecision(backend.now(), evictions=evictions))
+        assert executor.devices[1].resident == 0 and gmg.resident["llama"][:, 1].sum() == 0
+        assert executor.devices[0].resident > 0  # the home copies stay
+        again, _ = _submit(steps, backend, "llama")
+        drive(ContiguousScheduler([1]), backend, [again.key])
+        rerun = backend.result(again.key)
+    assert torch.equal(rerun.outputs[0], ref[0]) and rerun.report.bytes_moved("weight") == copied
+    executor.close()

@@ -20,10 +20,12 @@ from slicesched.executor.report import (ExecutionFailed, RunReport, RunResult, S
                                         TransferRecord)
 from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
+from slicesched.executor.tp import GroupRun, TPProgram, TPResult, run_tp, shard_causal_lm, tp_program
 
 __all__ = [
     "ExecutorBackend", "drive", "CompileOptions", "ExportedCallable", "SlicedCallable", "compile_exported",
     "slicesched_backend", "ContiguousScheduler", "RoundRobinScheduler", "contiguous", "round_robin",
     "SliceCode", "SlicedProgram", "build_program", "state_tensors_of", "DeviceConfig", "ExecutionFailed",
     "Executor", "Run", "RunReport", "RunResult", "SliceError", "SliceRecord", "TransferRecord",
+    "GroupRun", "TPProgram", "TPResult", "run_tp", "shard_causal_lm", "tp_program",
 ]

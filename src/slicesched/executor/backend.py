@@ -25,6 +25,7 @@ from slicesched.executor.program import SlicedProgram
 from slicesched.executor.report import RunResult, SliceRecord
 from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
+from slicesched.executor.tp import GroupRun, TPProgram
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
 from slicesched.gmg.capture import value_bytes
 from slicesched.decisions import OOMEvent, SchedulerDecision, SliceCompletion, StepOutcome
@@ -35,7 +36,7 @@ from slicesched.sched.interface import Scheduler
 class _Live:
     handle: IterationHandle
     program: SlicedProgram
-    run: Run
+    run: Run | GroupRun
     failed: bool = False
     in_flight: int = 0
 
@@ -51,7 +52,7 @@ class ExecutorBackend:
         self.t0 = executor.clock()
         self._live: dict[int, _Live] = {}
         self._slice: dict[int, tuple[int, int]] = {}  # global slice id -> (iteration key, local)
-        self._pending: dict[int, int] = {}  # placed slice -> device, waiting for its producers' placement
+        self._pending: dict[int, tuple[int, ...]] = {}  # placed slice -> devices, waiting for its producers
         self._events: queue.SimpleQueue[tuple[int, SliceRecord, OOMEvent | None]] = queue.SimpleQueue()
         self._in_flight = 0
         self._results: dict[int, RunResult] = {}
@@ -87,6 +88,25 @@ class ExecutorBackend:
         for local in range(handle.num_slices):
             self._slice[handle.slice_base + local] = (key, local)
 
+    def submit_tp(self, handle: IterationHandle, tp: TPProgram, rank_args: Sequence[Sequence[Any]]) -> None:
+        """Attach a tensor-parallel iteration: `rank_args[r]` are rank r's graph inputs
+        (`TPProgram.rank_args`); rank r starts, and keeps its weight shard, on the r-th device
+        of the iteration's home group. Its slices run on groups of `tp.world` devices."""
+        if handle.num_slices != tp.program.num_slices:
+            raise ValueError(f"iteration {handle.key} has {handle.num_slices} slices, program {tp.program.num_slices}")
+        group = int(self.gmg.get("home", handle.slice_base))
+        home = self.gmg.cluster.group(group) if group >= 0 else tuple(range(tp.world))
+        key = handle.key
+        run = GroupRun(self.executor, tp, rank_args, home, on_slice=lambda rec, oom: self._events.put((key, rec, oom)))
+        for rank, args in enumerate(rank_args):
+            own = tp.program_of(rank)
+            full = own.full_args(args)
+            for i, block in zip(own.state, own.state_wblock):
+                self._weights.setdefault((handle.tenant, block), {})[id(full[i])] = full[i]
+        self._live[key] = _Live(handle, tp.program, run)
+        for local in range(handle.num_slices):
+            self._slice[handle.slice_base + local] = (key, local)
+
     def _home_device(self, handle: IterationHandle) -> int:
         group = int(self.gmg.get("home", handle.slice_base))
         return self.gmg.cluster.group(group)[0] if group >= 0 else 0
@@ -113,12 +133,15 @@ class ExecutorBackend:
             self.gmg.evict_weights(ev.tenant, ev.block, ev.device)
         for wc in decision.weight_copies:
             tensors = list(self._weights.get((wc.tenant, wc.block), {}).values())
+            # A tensor-parallel tenant's block is one shard per rank: copy the source rank's.
+            shard = [t for t in tensors if self.executor.home_of(t) == wc.src_device]
+            tensors = shard or tensors
             _, refused = self.executor.replicate(tensors, wc.dst_device)
             ooms += refused
             if not refused:
                 self.gmg.add_weights(wc.tenant, wc.block, wc.dst_device, float(sum(value_bytes(t) for t in tensors)))
         for p in decision.placements:
-            device = self._device(p.group)
+            device = self.gmg.cluster.group(p.group)
             self.gmg.map(p.first_slice, p.group, p.num_slices)
             for sid in p.slice_ids():
                 if sid in self._slice and self._slice[sid][0] not in self.failed:  # a failed iteration runs nothing more
@@ -128,11 +151,14 @@ class ExecutorBackend:
         completed, finished, more = self._collect(block=self._in_flight > 0, timeout=wait)
         return StepOutcome(self.now(), completed, finished, tuple(ooms) + more)
 
-    def _device(self, group: int) -> int:
-        devices = self.gmg.cluster.group(group)
-        if len(devices) != 1:
-            raise ValueError(f"the executor runs a slice on one device; group {group} is {devices}")
-        return devices[0]
+    @staticmethod
+    def _place(run: Run | GroupRun, local: int, devices: tuple[int, ...]) -> None:
+        if isinstance(run, GroupRun):
+            run.place(local, devices)
+        elif len(devices) == 1:
+            run.place(local, devices[0])
+        else:
+            raise ValueError(f"a single-device iteration placed on group {devices}; submit it with submit_tp")
 
     def _flush(self) -> None:
         """Hand placed slices to the executor once everything they read from is placed."""
@@ -143,7 +169,7 @@ class ExecutorBackend:
                 key, local = self._slice[sid]
                 live = self._live[key]
                 if all(live.run.placed[p] >= 0 for p in live.program.slices[local].producers):
-                    live.run.place(local, self._pending.pop(sid))
+                    self._place(live.run, local, self._pending.pop(sid))
                     live.in_flight += 1
                     self._in_flight += 1
                     progress = True

@@ -169,6 +169,7 @@ class Run:
         dev = self.ex.devices[device]
         inputs = self._inputs(code, device)
         if isinstance(inputs, tuple):
+            self._peers_agree(code, False)
             return self._fail(code, device, t0, *inputs)
         transfers: list[TransferRecord] = []
         state: tuple = ()
@@ -178,11 +179,16 @@ class Run:
             oom = dev.reserve(code.out_bytes, "activation", self.program.captured.graph.tenant)
             if oom is not None:
                 raise Refused(oom)
+        except Refused as e:
+            self._peers_agree(code, False)
+            return self._fail(code, device, t0, str(e), e.oom)
+        if not self._peers_agree(code, True):
+            dev.release(code.out_bytes)
+            return self._fail(code, device, t0, "a peer rank could not run this slice")
+        try:
             with dev.stream_ctx():
                 outs = code.fn(*state, *inputs)
             event = dev.record()
-        except Refused as e:
-            return self._fail(code, device, t0, str(e), e.oom)
         except torch.OutOfMemoryError as e:
             dev.release(code.out_bytes)
             oom = OOMEvent(device, t0, float(code.out_bytes), dev.used, dev.cfg.budget_bytes, "activation",
@@ -195,6 +201,11 @@ class Run:
             event.synchronize()
         self._publish(code, device, outs, event, transfers)
         self._done(SliceRecord(code.index, device, t0, self.ex.clock()), None, code)
+
+    def _peers_agree(self, code: SliceCode, ok: bool) -> bool:
+        """Whether the slice runs, given that this run can (`ok`); tensor-parallel ranks
+        (tp.py) first agree with their peers. Called exactly once per slice."""
+        return ok
 
     def _publish(self, code: SliceCode, device: int, outs: Sequence[Any], event: Any,
                  transfers: list[TransferRecord]) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from slicesched.executor.collectives import Communicators
 from slicesched.executor.devices import Device, DeviceConfig
 from slicesched.executor.program import OutputRef, SliceCode, SlicedProgram
 from slicesched.executor.report import (Refused, RunReport, RunResult, SliceRecord, TransferRecord,
@@ -49,6 +50,8 @@ class Executor:
         self._lock = threading.Lock()
         self._weights_lock = threading.RLock()  # homes and replicas: workers and the caller race
         self.history: deque[RunReport] = deque(maxlen=16)  # reports of the latest runs, newest last
+        self.collectives = Communicators()  # process groups of tensor-parallel device groups (tp.py)
+        self.collective_order = threading.Lock()  # ranks' collectives are queued in one order
 
     @property
     def num_devices(self) -> int:
@@ -61,6 +64,7 @@ class Executor:
     def close(self) -> None:
         for d in self.devices:
             d.close()
+        self.collectives.close()
 
     # ---- weights --------------------------------------------------------------------------
     def place_weights(self, tensors: Sequence[torch.Tensor], device: int) -> list[OOMEvent]:
@@ -80,6 +84,11 @@ class Executor:
         if oom is None:
             self._home[id(t)] = (t, device)
         return oom
+
+    def home_of(self, t: torch.Tensor) -> int | None:
+        """The device holding the home copy of a weight (None: not placed yet)."""
+        home = self._home.get(id(t))
+        return home[1] if home is not None else None
 
     def replicate(self, tensors: Sequence[torch.Tensor], device: int) -> tuple[int, list[OOMEvent]]:
         """Copy weights to `device` (a real copy); returns (bytes copied, refusals)."""
