@@ -81,7 +81,7 @@ def test_every_request_finishes_and_kv_is_released():
     drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace)
     res = drv.run()
     assert all(r.finish_s is not None for r in res.requests)
-    assert drv.gmg.mem_kv.sum() == 0 or drv.sim.mem.kv["a"][0] == pytest.approx(0.0)
+    assert drv.gmg.mem_kv.sum() == 0 or drv.backend.mem.kv["a"][0] == pytest.approx(0.0)
 
 
 def test_perturbed_replay_is_deterministic_for_a_seed():
@@ -323,8 +323,8 @@ def test_timeline_is_recorded_for_the_exported_window_only():
     sc = sc.model_copy(update={"replay": sc.replay.model_copy(update={"duration_s": 6.0, "drain_s": 1.0})})
     drv = ReplayDriver(sc, make_scheduler("dedicated", sc), scenario_trace(sc, 1.0), record_timeline=True)
     res = drv.run()
-    assert not drv.sim.record and drv.sim.now > 3 * TRACE_WINDOW_US * 1e-6
-    ends = [r[4] for r in drv.sim.log.slices] + [float(r[4][-1]) for r in drv.sim.log.chains]
+    assert not drv.backend.record and drv.backend.now > 3 * TRACE_WINDOW_US * 1e-6
+    ends = [r[4] for r in drv.backend.log.slices] + [float(r[4][-1]) for r in drv.backend.log.chains]
     assert max(ends) < 2e-6 * TRACE_WINDOW_US + 1.0  # recording stopped soon after the margin
     ts = [e["ts"] for e in res.timeline["traceEvents"] if e.get("ph") == "X"]
     assert ts and max(ts) <= TRACE_WINDOW_US

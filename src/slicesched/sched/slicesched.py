@@ -164,7 +164,7 @@ class SliceScheduler(Scheduler):
         self._now = now
         stages: tuple[ShardStage, ...] = ()
         releases: tuple[ShardRelease, ...] = ()
-        if self._view is not None and now >= self._next_check:
+        if self._view is not None and now >= self._next_check and self._view.whatif() is not None:
             self._next_check = now + self.cfg.check_interval_s
             stages, releases = self._refresh_leases(gmg, now)
         placements = self._placements(gmg, now)
