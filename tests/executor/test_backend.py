@@ -103,8 +103,8 @@ def test_execute_returns_at_until_while_a_slice_still_runs(steps):
     backend = ExecutorBackend(Executor(2), gmg)
     handle = gmg.add_iteration(captured.graph, home=0)
     backend.submit(handle, program, [*state_tensors_of(ep), *flatten_exported_inputs(ep, prefill, None)])
-    decision = RoundRobinScheduler(2).schedule(gmg, backend.now())
-    early = backend.execute(decision, until=backend.now() + 0.05)
+    decision = RoundRobinScheduler(2).schedule(gmg, backend.now)
+    early = backend.execute(decision, until=backend.now + 0.05)
     assert early.completed == () and early.time < 0.4
-    later = backend.execute(SchedulerDecision(backend.now()))
+    later = backend.execute(SchedulerDecision(backend.now))
     assert [c.slice_id for c in later.completed] == [handle.slice_base]

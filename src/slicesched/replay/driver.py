@@ -436,13 +436,22 @@ class ReplayDriver:
             self._charge_mirror(rs)
 
     def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
-        """An OOM is paid for: every replica on the device preempts and recomputes its requests."""
+        """An OOM is paid for: every replica on the device preempts and recomputes its requests;
+        the iterations it had in flight are dropped (no engine reads them) and stop running."""
         self.ooms.append(oom)
         hit = [rs for rs in self.replicas if oom.device in rs.replica.devices]
         for rs in hit:
             rs.engine.preempt_all(oom.time)
+            self._drop_inflight(rs)
             self._charge_kv(rs, oom.time)
         return hit
+
+    def _drop_inflight(self, rs: ReplicaState) -> None:
+        for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
+            del self.inflight[key]
+            it = self.gmg.iterations[key]
+            self.backend.abort_iteration(key)
+            self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
 
     # ---- guests (SliceScheduler) ---------------------------------------------------------------
     def _start_guest(self, g: GuestStart, now: float) -> ReplicaState | None:
@@ -510,11 +519,7 @@ class ReplayDriver:
                 min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
             if rs.engine.has_work() or rs.engine.num_inflight:
                 return homes
-        for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
-            del self.inflight[key]
-            it = self.gmg.iterations[key]
-            self.backend.abort_iteration(key)
-            self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
+        self._drop_inflight(rs)
         for req in rs.engine.evict_all(now):
             min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
         self._release_guest(rs, now)

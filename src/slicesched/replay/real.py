@@ -1,0 +1,125 @@
+"""Real serving of a scenario: the same replay driver, engines, schedulers and metrics as a
+simulated replay, with the executor as the backend, on a wall clock.
+
+    setup = real_setup(sc, folder)            # the scenario as served: its models, its devices
+    run = serve(setup, "slicesched")          # tenants' models really run; tokens per request
+    pred = predict(setup, "slicesched", cost) # the simulator on the same scenario and trace
+
+The tenants run as random-weight Hugging Face models built from their configs
+(`executor/serving.py`): scaled down to a few small layers on CPU, where executor devices are
+worker threads with a memory budget each (`device_memory_bytes`, which is also what the GMG,
+the engines' KV pools and the simulator take as device memory), or at full size on GPUs. The
+served configs are written to `folder` and the scenario points its tenants at them, so that the
+models the driver prices, the SLOs and the simulator's prediction are those of what runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from slicesched.config.scenario import Scenario
+from slicesched.cost import CostModel, make_cost_model
+from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor.backend import ExecutorBackend
+from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config
+from slicesched.gmg import GlobalMappingGraph
+from slicesched.replay.driver import ReplayDriver, RunResult
+from slicesched.replay.slo import isolated_slas
+from slicesched.replay.workload import scenario_trace
+from slicesched.sched import make_scheduler
+from slicesched.sim import Simulator
+
+DEFAULT_DEVICE_MEMORY = 256 * 2**20  # a CPU device's budget: far more than two small models need
+
+
+@dataclass(frozen=True, slots=True)
+class RealSetup:
+    """A scenario as served for real: its tenants' served configs and weight seeds."""
+
+    scenario: Scenario  # tenants point at the served configs; CPU devices when scaled
+    configs: dict[str, dict]  # tenant -> HF config it runs
+    seeds: dict[str, int]  # tenant -> seed of its random weights
+    device_memory_bytes: float
+    torch_device: str = "cpu"
+    source: Scenario | None = field(default=None, compare=False)  # the scenario as written
+
+
+def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_DEVICE_MEMORY,
+               torch_device: str = "cpu") -> RealSetup:
+    """Scaled-down models on CPU devices (`torch_device="cpu"`), full ones on a CUDA device."""
+    scaled = torch.device(torch_device).type == "cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    configs, seeds, tenants = {}, {}, []
+    for i, t in enumerate(sc.tenants):
+        given = Path(t.model)
+        cfg = served_config(json.loads(given.read_text()) if given.is_file() else shipped_config(t.model), scaled)
+        path = folder / f"{t.name}.json"
+        path.write_text(json.dumps(cfg, indent=1))
+        configs[t.name], seeds[t.name] = cfg, sc.seed * 1000 + i
+        tenants.append(t.model_copy(update={"model": str(path)}))
+    cluster = sc.cluster.model_copy(update={"device": "cpu", "intra_link": "local"}) if scaled else sc.cluster
+    served = sc.model_copy(update={"tenants": tenants, "cluster": cluster})
+    return RealSetup(served, configs, seeds, float(device_memory_bytes), torch_device, sc)
+
+
+def scenario_cost(sc: Scenario, profile: str | None = None) -> CostModel:
+    """The calibrated cost model of `profile` (or the scenario's), else the roofline."""
+    profile = profile or sc.cluster.profile
+    return make_cost_model("calibrated", profile=profile) if profile else make_cost_model("roofline")
+
+
+def _paged(cfg: dict, seed: int, device: torch.device) -> PagedModel:
+    return PagedModel(build_model(cfg, seed, str(device)))
+
+
+@dataclass(slots=True)
+class RealRun:
+    result: RunResult
+    dispatch_s: list[float]  # per slice run: executor time outside the model's stages
+    wall_s: float
+
+
+def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s: float | None = None,
+          cost: CostModel | None = None, executor: Executor | None = None) -> RealRun:
+    """Serve the scenario's trace under `scheduler` on executor devices (`executor`: the
+    caller's, left open; default: one per run); tokens per request in `Request.output_ids`."""
+    sc = setup.scenario
+    cost = cost or scenario_cost(sc)
+    window = sc.replay.duration_s if window_s is None else window_s
+    n = sc.cluster.nodes * sc.cluster.devices_per_node
+    own = executor is None
+    if own:
+        executor = Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
+    factories = {t: partial(_paged, setup.configs[t], setup.seeds[t]) for t in setup.configs}
+    made: list[ExecutorBackend] = []
+
+    def backend(gmg: GlobalMappingGraph, _cost: CostModel) -> ExecutorBackend:
+        made.append(ExecutorBackend(executor, gmg, factories))
+        return made[-1]
+
+    try:
+        driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
+                              rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
+                              backend=backend, device_memory_bytes=setup.device_memory_bytes)
+        res = driver.run()
+    finally:
+        if own:
+            executor.close()
+    return RealRun(res, made[0].dispatch_s, res.stats.wall_s)
+
+
+def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
+            window_s: float | None = None) -> RunResult:
+    """The simulator's replay of the same scenario and trace, timed by `cost` alone."""
+    sc = setup.scenario
+    window = sc.replay.duration_s if window_s is None else window_s
+    driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
+                          rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
+                          backend=lambda gmg, c: Simulator(gmg, c, record=False),
+                          device_memory_bytes=setup.device_memory_bytes)
+    return driver.run()
