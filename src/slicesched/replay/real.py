@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
 from slicesched.config.scenario import Scenario
@@ -73,8 +75,18 @@ def scenario_cost(sc: Scenario, profile: str | None = None) -> CostModel:
     return make_cost_model("calibrated", profile=profile) if profile else make_cost_model("roofline")
 
 
-def _paged(cfg: dict, seed: int, device: torch.device) -> PagedModel:
-    return PagedModel(build_model(cfg, seed, str(device)))
+def _factories(setup: RealSetup) -> dict:
+    """Per tenant, its PagedModel on a device. Built before the wall clock starts: CPU devices
+    share one module per tenant (the same memory; each device's budget is charged its bytes),
+    other devices get their own copy of the same seeded weights."""
+    built = {t: build_model(setup.configs[t], setup.seeds[t], setup.torch_device) for t in setup.configs}
+
+    def make(tenant: str, device: torch.device) -> PagedModel:
+        if device.type == "cpu" or device == next(built[tenant].parameters()).device:
+            return PagedModel(built[tenant])
+        return PagedModel(build_model(setup.configs[tenant], setup.seeds[tenant], str(device)))
+
+    return {t: partial(make, t) for t in setup.configs}
 
 
 @dataclass(slots=True)
@@ -95,7 +107,10 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
     own = executor is None
     if own:
         executor = Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
-    factories = {t: partial(_paged, setup.configs[t], setup.seeds[t]) for t in setup.configs}
+    factories = _factories(setup)
+    threads = torch.get_num_threads()
+    if setup.torch_device == "cpu":  # one worker thread per device, one core each (as `slicesched profile` measures)
+        torch.set_num_threads(1)
     made: list[ExecutorBackend] = []
 
     def backend(gmg: GlobalMappingGraph, _cost: CostModel) -> ExecutorBackend:
@@ -108,6 +123,7 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
                               backend=backend, device_memory_bytes=setup.device_memory_bytes)
         res = driver.run()
     finally:
+        torch.set_num_threads(threads)
         if own:
             executor.close()
     return RealRun(res, made[0].dispatch_s, res.stats.wall_s)
@@ -115,11 +131,58 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
 
 def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
             window_s: float | None = None) -> RunResult:
-    """The simulator's replay of the same scenario and trace, timed by `cost` alone."""
+    """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone."""
     sc = setup.scenario
     window = sc.replay.duration_s if window_s is None else window_s
     driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                           rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
-                          backend=lambda gmg, c: Simulator(gmg, c, record=False),
+                          backend=lambda gmg, c: _AsExecutor(gmg, c, record=False),
                           device_memory_bytes=setup.device_memory_bytes)
     return driver.run()
+
+
+class _AsExecutor(Simulator):
+    """The simulator offering what the executor offers: no what-if service, so that SliceScheduler
+    makes the same own-group decisions it makes on the executor (no leases)."""
+
+    what_if = None
+
+
+def prediction_table(measured: list[RunResult], predicted: list[RunResult]) -> pd.DataFrame:
+    """Per scheduler and tenant: median TTFT and TPOT measured on the executor beside the
+    simulator's prediction of the same requests, and the prediction's error."""
+    rows = []
+    for m, p in zip(measured, predicted):
+        for tenant in sorted({r.tenant for r in m.requests}):
+            mine = [r for r in m.requests if r.tenant == tenant]
+            theirs = [r for r in p.requests if r.tenant == tenant]
+            row = {"scheduler": m.scheduler, "tenant": tenant, "requests": len(mine)}
+            for what in ("ttft_s", "tpot_s"):
+                a = float(np.nanmedian([getattr(r, what) for r in mine] or [np.nan]))
+                b = float(np.nanmedian([getattr(r, what) for r in theirs] or [np.nan]))
+                row[f"measured_{what}"], row[f"predicted_{what}"] = a, b
+                row[f"{what[:-2]}_error_pct"] = (b - a) / a * 100 if a > 0 else np.nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def print_prediction(df: pd.DataFrame, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("scheduler", "tenant", "requests", "TTFT measured", "TTFT predicted", "error", "TPOT measured",
+              "TPOT predicted", "error"):
+        t.add_column(c, justify="left" if c in ("scheduler", "tenant") else "right")
+    for r in df.itertuples():
+        t.add_row(r.scheduler, r.tenant, str(r.requests), _ms(r.measured_ttft_s), _ms(r.predicted_ttft_s),
+                  _pct(r.ttft_error_pct), _ms(r.measured_tpot_s), _ms(r.predicted_tpot_s), _pct(r.tpot_error_pct))
+    Console(width=max(Console().width, 120)).print(t)
+
+
+def _ms(s: float) -> str:
+    return "-" if np.isnan(s) else f"{s * 1e3:.2f} ms"
+
+
+def _pct(p: float) -> str:
+    return "-" if np.isnan(p) else f"{p:+.0f}%"
