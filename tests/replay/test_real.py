@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from scenario_helpers import scenario
+from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
 from slicesched.executor.serving import PagedModel, build_model, greedy_reference
 from slicesched.replay.real import predict, real_setup, scenario_cost, serve
@@ -93,3 +94,8 @@ def test_the_prediction_replays_the_same_requests_in_the_simulator(setup):
     assert [(r.tenant, r.prompt_tokens, r.output_tokens) for r in pred.requests] == \
         [(r.tenant, r.prompt_tokens, r.output_tokens) for r in served.requests]
     assert all(r.is_finished and r.output_ids is None for r in pred.requests)
+
+
+def test_a_scheduler_merging_replicas_onto_multi_device_groups_is_refused_in_one_line(setup):
+    with pytest.raises(InputError, match="multi-device groups"):
+        serve(setup, "temporal-mux")

@@ -1,10 +1,13 @@
-"""The replay driver: requests -> tenant engines -> GMG iterations -> scheduler -> simulator.
+"""The replay driver: requests -> tenant engines -> GMG iterations -> scheduler -> backend.
 
 One loop, the data path of DESIGN.md section 3:
 
-    arrivals --route--> replica engines --next_batch--> build_iteration --> gmg.add_iteration
-    scheduler.schedule(gmg) --> decision --> sim.execute(decision, until=next wake-up)
+    arrivals --route--> replica engines --next_batch--> build_iteration --> backend.add_iteration
+    scheduler.schedule(gmg) --> decision --> backend.execute(decision, until=next wake-up)
     outcome.finished_iterations --> engine.on_batch_done --> metrics
+
+The backend (`sched.interface.Backend`) is the simulator unless the caller builds another (the
+executor for real serving, `replay/real.py`): the loop calls nothing else of it.
 
 Every scheduler gets the same cluster, trace, models, batching engine and cost model; only the
 decisions differ. The simulator runs with perturbed op durations (the environment), while

@@ -26,6 +26,7 @@ import torch
 
 from slicesched.config.scenario import Scenario
 from slicesched.cost import CostModel, make_cost_model
+from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
 from slicesched.executor.backend import ExecutorBackend
 from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config
@@ -121,6 +122,10 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                               rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
                               backend=backend, device_memory_bytes=setup.device_memory_bytes)
+        wide = sorted({rs.replica.tenant for rs in driver.replicas if len(rs.replica.devices) > 1})
+        if wide:  # the executor runs single-device groups only (tensor parallelism is not executed yet)
+            raise InputError(f"under {scheduler}, {', '.join(wide)} would run on multi-device groups "
+                             "(tensor parallel or merged replicas), which the executor does not run yet")
         res = driver.run()
     finally:
         torch.set_num_threads(threads)
