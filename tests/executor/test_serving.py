@@ -173,3 +173,13 @@ def test_a_step_placed_on_a_multi_device_group_is_refused():
             be.apply(SchedulerDecision(be.now, (SlicePlacement(h.slice_base, wide, h.num_slices),)))
     finally:
         ex.close()
+
+
+def test_with_nothing_running_execute_waits_for_until_on_the_wall_clock():
+    be, _, ex = _backend()
+    try:
+        t0 = be.now
+        out = be.execute(SchedulerDecision(t0), until=t0 + 0.2, wake="iteration")
+        assert t0 + 0.2 <= out.time < t0 + 2 and not out.completed
+    finally:
+        ex.close()

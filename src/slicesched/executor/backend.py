@@ -64,7 +64,6 @@ class _Step:
     """A model-step iteration: what it computes and how far its slices are reported."""
 
     handle: IterationHandle
-    graph: IterationGraph
     inputs: StepInputs
     last_stage: np.ndarray  # per slice, the model stage holding its last op
     act_bytes: float  # activations charged while it runs: the most bytes one slice writes
@@ -139,7 +138,7 @@ class ExecutorBackend:
         last = np.zeros(graph.num_slices, np.int64)
         np.maximum.at(last, graph.slice_of, _stages(graph.wblock))
         act = float(graph.slice_sum(graph.out_bytes).max()) if graph.num_ops else 0.0
-        self._steps[h.key] = _Step(h, graph, inputs, last, act, last_end=self.now)
+        self._steps[h.key] = _Step(h, inputs, last, act, last_end=self.now)
         return h
 
     def submit(self, handle: IterationHandle, program: SlicedProgram, args: Sequence[Any],
@@ -189,21 +188,18 @@ class ExecutorBackend:
         completed: list[SliceCompletion] = []
         finished: list[int] = []
         tokens: list[tuple[int, tuple[int, ...]]] = []
+        block, timeout = False, None
         while True:
-            got = self._collect(block=False, timeout=None)
-            completed += got[0]
-            finished += got[1]
-            tokens += got[2]
-            woke = finished or self._ooms or (completed and (watch is None or any(c.group in watch for c in got[0])))
+            done, ends, toks = self._collect(block, timeout)
+            completed += done
+            finished += ends
+            tokens += toks
+            if finished or self._ooms or (done and (watch is None or any(c.group in watch for c in done))):
+                break
             left = until - self.now
-            if woke or left <= 0 or (until == float("inf") and not self.in_flight):
+            if left <= 0 or (until == float("inf") and not self.in_flight):
                 break
-            got = self._collect(block=True, timeout=None if until == float("inf") else left)
-            completed += got[0]
-            finished += got[1]
-            tokens += got[2]
-            if finished or self._ooms or (got[0] and (watch is None or any(c.group in watch for c in got[0]))):
-                break
+            block, timeout = True, None if until == float("inf") else left
         ooms, self._ooms = tuple(self._ooms), []
         return StepOutcome(self.now, tuple(completed), tuple(finished), ooms, tuple(tokens))
 
@@ -231,7 +227,6 @@ class ExecutorBackend:
     # ---- model steps ----------------------------------------------------------------------
     def _place_step(self, p: SlicePlacement, device: int) -> None:
         """A model step runs whole on one device: start it once all its slices are placed there."""
-        it, _ = self.gmg.iteration_of(p.first_slice)
         key = int(self.gmg.get("iteration", p.first_slice))
         st = self._steps.get(key)
         if st is None:
