@@ -9,7 +9,7 @@ from slicesched.gmg import BatchShape, Grain, build_iteration
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.driver import ReplayDriver
-from slicesched.replay.experiment import RunSpec, _summarize, run_one
+from slicesched.replay.experiment import RunSpec, run_one, summarize_run
 from slicesched.replay.workload import scenario_trace
 from slicesched.replay.report import comparison_table
 from slicesched.sched import make_scheduler
@@ -183,7 +183,7 @@ def test_request_exactly_at_the_model_context_is_served():
 def test_summary_table_reports_rejections_beyond_the_context():
     sc = rejecting(scenario(ONE_GPU))
     trace = Trace.from_columns("t", [0.0, 0.1], [4000, 100], [97, 4], ["a", "a"])
-    row = comparison_table([_summarize(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
+    row = comparison_table([summarize_run(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
     assert (row.requests, row.completed, row.rejected, row.over_context) == (2, 1, 1, 1)
 
 
@@ -304,7 +304,7 @@ def test_merged_busy_log_leaves_every_result_as_the_raw_log_gives_it():
         if raw:
             drv.gmg._busy = _RawBusyLog()
         res = drv.run()
-        out.append(_summarize(res))
+        out.append(summarize_run(res))
         rows.append(sum(len(b) for b in res.busy.values()))
     merged, ref = out
     assert merged.scheduler_report["shard_bytes_moved"] > 0  # it lent idle devices: it read the gaps

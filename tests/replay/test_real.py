@@ -68,19 +68,26 @@ def test_two_tenants_get_the_tokens_of_eager_greedy_generation_request_for_reque
 
 
 def test_a_budget_violation_is_an_oom_event_and_no_request_is_lost(setup, eager):
-    """Another allocation holds device 0's memory for the first 0.3 s: the engine's KV growth
-    exceeds the budget, is refused as an OOM, the tenant recomputes, and once the memory is
-    back every request finishes with the eager tokens."""
+    """Another allocation holds device 0's memory until 0.2 s after the first refusal: the
+    engine's KV growth exceeds the budget, is refused as an OOM, the tenant recomputes, and
+    once the memory is back every request finishes with the eager tokens."""
     ex = Executor([DeviceConfig("cpu", setup.device_memory_bytes) for _ in range(2)])
-    weights = PagedModel(eager["a"]).weight_bytes()
-    held = setup.device_memory_bytes - weights - 1000
-    assert ex.devices[0].reserve(held, "other") is None
-    timer = threading.Timer(0.3, ex.devices[0].release, (held,))
-    timer.start()
+    dev = ex.devices[0]
+    held = setup.device_memory_bytes - PagedModel(eager["a"]).weight_bytes() - 1000
+    assert dev.reserve(held, "other") is None
+    refused, reserve = threading.Event(), dev.reserve
+
+    def reserve_then_release(nbytes, what, tenant=""):  # the holder lets go once it got in the way
+        oom = reserve(nbytes, what, tenant)
+        if oom is not None and not refused.is_set():
+            refused.set()
+            threading.Timer(0.2, dev.release, (held,)).start()
+        return oom
+
+    dev.reserve = reserve_then_release
     try:
         res = serve(setup, "dedicated", executor=ex).result
     finally:
-        timer.cancel()
         ex.close()
     assert res.stats.ooms > 0 and {o.what for o in res.ooms} == {"kv"} and {o.device for o in res.ooms} == {0}
     assert len(res.requests) == len([r for r in res.requests if r.is_finished])
