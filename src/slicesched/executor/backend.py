@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from slicesched.executor.program import SlicedProgram
-from slicesched.executor.report import RunResult, SliceRecord
+from slicesched.executor.report import RunResult
 from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel
@@ -100,7 +100,7 @@ class ExecutorBackend:
         self._live: dict[int, _Live] = {}
         self._slice: dict[int, tuple[int, int]] = {}  # global slice id -> (iteration key, local)
         self._pending: dict[int, int] = {}  # placed slice -> device, waiting for its producers' placement
-        self._events: queue.SimpleQueue[tuple] = queue.SimpleQueue()  # program: (key, rec, oom); step: _StepEvent
+        self._events: queue.SimpleQueue[tuple] = queue.SimpleQueue()  # program: (key, SliceRecord, oom); step: _StepEvent
         self._in_flight = 0
         self._results: dict[int, RunResult] = {}
         self._weights: dict[tuple[str, int], dict[int, torch.Tensor]] = {}  # (tenant, block) -> tensors
