@@ -351,3 +351,36 @@ def test_a_library_message_with_newlines_is_still_one_line(tiny, tiny_scenario_t
     t.write_text("arrival_s,prompt_tokens,output_tokens\n0.1,5,5\n0,0,0,0\n")
     one_line_error(runner.invoke(app, ["validate", str(trace_scenario(tiny, tiny_scenario_toml, t, fmt="csv"))]),
                    f"{t}:3:", "wrong number of fields")
+
+
+def test_replay_on_the_executor_prints_measured_beside_predicted_and_writes_them(tmp_path, tiny_scenario_toml):
+    sc = tmp_path / "tiny.toml"
+    sc.write_text(tiny_scenario_toml)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["replay", str(sc), "--backend", "executor", "-s", "dedicated",
+                            "--no-plots", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "served for real" in r.output and "beside measured" in r.output
+    pred = pd.read_csv(out / "predicted.csv")
+    assert set(pred.tenant) == {"a", "b"} and (pred.predicted_ttft_s > 0).all() and (pred.measured_ttft_s > 0).all()
+    assert set(pd.read_csv(out / "summary.csv").scheduler) == {"dedicated"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "gpu"], "error: field '--backend': unknown backend 'gpu'; known: sim, executor"),
+    (["--backend", "executor", "--capacity"], "error: field '--backend': --backend executor serves each scheduler "
+                                              "once, in this process: no --capacity or --ray-address"),
+])
+def test_bad_backend_options_are_one_line_exit_2(tmp_path, tiny_scenario_toml, args, message):
+    sc = tmp_path / "tiny.toml"
+    sc.write_text(tiny_scenario_toml)
+    r = subprocess.run([sys.executable, "-m", "slicesched.cli", "replay", str(sc), *args], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == message
+
+
+def test_a_model_the_executor_cannot_build_is_one_line_exit_2(tmp_path, tiny_scenario_toml):
+    sc = tmp_path / "gpt2.toml"
+    sc.write_text(tiny_scenario_toml.replace('"qwen2.5-1.5b"', '"gpt2"'))
+    r = subprocess.run([sys.executable, "-m", "slicesched.cli", "replay", str(sc), "--backend", "executor"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == "error: real serving runs llama, mistral, qwen2, qwen3 models, not 'gpt2'"

@@ -105,10 +105,62 @@ def replay(
         None, help="capacity search: rate scales it searches between; default: 1/32 of the roofline bound to it"),
     plots: bool = typer.Option(True, help="write PNG plots"),
     force: bool = typer.Option(False, "--force", help="replace --out if it holds an earlier replay's output"),
+    backend: str = typer.Option("sim", help="sim: the simulator; executor: serve the tenants for real (random-weight "
+                                "models from their configs, scaled down on CPU) on a wall clock"),
+    device_memory_mib: float = typer.Option(256, min=1, help="executor: memory budget of each CPU device (MiB)"),
+    profile: Optional[Path] = typer.Option(None, help="executor: op profile (`slicesched profile`) calibrating the "
+                                           "cost model of the SLOs and the simulator's prediction"),
 ) -> None:
     """Replay a scenario under each scheduler, print the comparison and write metrics, plots, traces."""
+    if backend not in ("sim", "executor"):
+        raise InputError(f"unknown backend '{backend}'; known: sim, executor", field="--backend")
+    if backend == "executor":
+        if capacity or ray_address:
+            raise InputError("--backend executor serves each scheduler once, in this process: no --capacity "
+                             "or --ray-address", field="--backend")
+        _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, device_memory_mib, profile)
+        return
     _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address,
             _capacity_settings(seeds, sla_range) if capacity else None, plots, force, sla_range)
+
+
+def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, memory_mib, profile) -> None:
+    """Serve each scheduler for real, print the comparison and the simulator's prediction beside it."""
+    import tempfile
+
+    from slicesched.config import load_scenario
+    from slicesched.replay.checks import check_out, check_run_options, check_scenario
+    from slicesched.replay.experiment import summarize_run
+    from slicesched.replay.real import predict, prediction_table, print_prediction, real_setup, scenario_cost, serve
+    from slicesched.replay.report import comparison_table, print_table, write_outputs
+
+    check_run_options(rate_scales=rate_scale, duration_s=duration)
+    sc = load_scenario(scenario or builtin_scenario_path())
+    out = out or Path("runs") / f"{sc.name}-real"
+    check_out(out, force)
+    check_scenario(sc, schedulers=scheduler, rate_scales=rate_scale, duration_s=duration)
+    if profile is not None and not profile.is_file():
+        raise InputError("profile file not found", file=str(profile))
+    setup = real_setup(sc, Path(tempfile.mkdtemp(prefix="slicesched-served-")), memory_mib * 2**20)
+    cost = scenario_cost(setup.scenario, str(profile) if profile else None)
+    names, scales = list(scheduler or sc.replay.schedulers), list(rate_scale or sc.replay.rate_scales)
+    served, predicted = [], []
+    for k in scales:
+        for name in names:
+            typer.echo(f"serving {sc.name} under {name} x{k:g} ...")
+            served.append(serve(setup, name, rate_scale=k, window_s=duration, cost=cost).result)
+            predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration))
+    runs = [summarize_run(r, sc.seed) for r in served]
+    df = comparison_table(runs)
+    n = sc.cluster.nodes * sc.cluster.devices_per_node
+    print_table(df, f"{sc.name}: {len(sc.tenants)} tenants served for real on {n} x {setup.torch_device} "
+                    f"({memory_mib:g} MiB each)")
+    pred = prediction_table(served, predicted)
+    print_prediction(pred, f"simulator ({'calibrated on ' + profile.name if profile else 'roofline'}) beside measured")
+    folder = write_outputs(out, runs, df, {"name": sc.name, "scenario": sc.source_path, "schedulers": names,
+                                          "rate_scales": scales, "backend": "executor"},
+                           plots, force=force, extra=lambda f: pred.to_csv(f / "predicted.csv", index=False))
+    typer.echo(f"wrote {folder}/ ({', '.join(sorted(p.name for p in folder.iterdir()))})")
 
 
 def _capacity_settings(seeds: int, sla_range: tuple[float, float] | None):

@@ -253,6 +253,24 @@ class StepOutcome:
     completed: Sequence[SliceCompletion] = ()  # a tuple or `Completions`
     finished_iterations: tuple[int, ...] = ()  # GMG iteration keys whose every slice is done
     ooms: tuple[OOMEvent, ...] = ()
+    # per finished iteration computed by a backend that runs real models: (key, the greedy next
+    # token of every batch entry, in batch order); empty from the simulator
+    tokens: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """What a backend that runs real models needs of one iteration beyond its op graph: per
+    batch entry, the token ids it feeds (`context_lens_before[i]` tokens before them are in the
+    KV cache) and the ids of the KV blocks that hold its sequence, in the pool of the replica
+    (`pool`: tenant and home group; `num_blocks` of `block_tokens` tokens)."""
+
+    pool: tuple[str, int]
+    num_blocks: int
+    block_tokens: int
+    token_ids: tuple[tuple[int, ...], ...]
+    context_lens_before: tuple[int, ...]
+    block_tables: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)

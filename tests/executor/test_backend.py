@@ -107,10 +107,10 @@ def test_execute_returns_at_until_while_a_slice_still_runs(steps):
     backend = ExecutorBackend(Executor(2), gmg)
     handle = gmg.add_iteration(captured.graph, home=0)
     backend.submit(handle, program, [*state_tensors_of(ep), *flatten_exported_inputs(ep, prefill, None)])
-    decision = RoundRobinScheduler(2).schedule(gmg, backend.now())
-    early = backend.execute(decision, until=backend.now() + 0.05)
+    decision = RoundRobinScheduler(2).schedule(gmg, backend.now)
+    early = backend.execute(decision, until=backend.now + 0.05)
     assert early.completed == () and early.time < 0.4
-    later = backend.execute(SchedulerDecision(backend.now()))
+    later = backend.execute(SchedulerDecision(backend.now))
     assert [c.slice_id for c in later.completed] == [handle.slice_base]
 
 
@@ -131,7 +131,7 @@ def test_weight_copy_then_eviction_round_trip(steps):
         run = backend.result(first.key)
         assert torch.equal(run.outputs[0], ref[0]) and run.report.bytes_moved("weight") == 0
         evictions = tuple(WeightEviction("llama", b, 1) for b in blocks)
-        backend.execute(SchedulerDecision(backend.now(), evictions=evictions))
+        backend.execute(SchedulerDecision(backend.now, evictions=evictions))
         assert executor.devices[1].resident == 0 and gmg.resident["llama"][:, 1].sum() == 0
         assert executor.devices[0].resident > 0  # the home copies stay
         again, _ = _submit(steps, backend, "llama")

@@ -254,7 +254,7 @@ def _tp_backend(model, devices, budgets=None):
 
 def _submit_tp(backend, tp2, group):
     gid = backend.gmg.cluster.group_id(group)
-    handle = backend.gmg.add_iteration(tp2.tp.program.captured.graph, now=backend.now(), home=gid)
+    handle = backend.gmg.add_iteration(tp2.tp.program.captured.graph, now=backend.now, home=gid)
     backend.submit_tp(handle, tp2.tp, tp2.rank_args())
     return handle, gid
 
@@ -269,7 +269,7 @@ def test_dedicated_scheduler_runs_a_tp2_container_through_the_backend(tp2):
             t0 = time.perf_counter()
             outcomes = drive(DedicatedScheduler(), backend, [handle.key])
             while backend.in_flight:  # the failed iteration's later slices report their failure too
-                outcomes.append(backend.execute(SchedulerDecision(backend.now())))
+                outcomes.append(backend.execute(SchedulerDecision(backend.now)))
             assert time.perf_counter() - t0 < collectives.TIMEOUT_S / 6  # no rank left in an all-reduce
             ooms = [o for out in outcomes for o in out.ooms]
             assert [(o.device, o.what, o.tenant) for o in ooms] == [(1, "activation", "llama")]
@@ -335,7 +335,7 @@ def test_tp_weight_copies_move_each_ranks_shard_and_serve_another_group(tp2):
             result = backend.result(handle.key)
             assert result.report.bytes_moved("weight") == 0
             tp2.assert_eager(result.outputs[0])
-            backend.execute(SchedulerDecision(backend.now(), evictions=tuple(
+            backend.execute(SchedulerDecision(backend.now, evictions=tuple(
                 WeightEviction("llama", b, d) for b in blocks for d in (2, 3))))
         assert [d.resident for d in ex.devices[2:]] == [0.0, 0.0]
     finally:

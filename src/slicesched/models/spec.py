@@ -155,6 +155,7 @@ def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -
         qkv_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_context=_context(cfg, "max_position_embeddings"),
+        dtype_bytes=4 if cfg.get("torch_dtype") == "float32" else 2,  # shipped configs: bf16/fp16
     )
 
 

@@ -1,10 +1,13 @@
-"""The replay driver: requests -> tenant engines -> GMG iterations -> scheduler -> simulator.
+"""The replay driver: requests -> tenant engines -> GMG iterations -> scheduler -> backend.
 
 One loop, the data path of DESIGN.md section 3:
 
-    arrivals --route--> replica engines --next_batch--> build_iteration --> gmg.add_iteration
-    scheduler.schedule(gmg) --> decision --> sim.execute(decision, until=next wake-up)
+    arrivals --route--> replica engines --next_batch--> build_iteration --> backend.add_iteration
+    scheduler.schedule(gmg) --> decision --> backend.execute(decision, until=next wake-up)
     outcome.finished_iterations --> engine.on_batch_done --> metrics
+
+The backend (`sched.interface.Backend`) is the simulator unless the caller builds another (the
+executor for real serving, `replay/real.py`): the loop calls nothing else of it.
 
 Every scheduler gets the same cluster, trace, models, batching engine and cost model; only the
 decisions differ. The simulator runs with perturbed op durations (the environment), while
@@ -29,10 +32,10 @@ from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
 from slicesched.decisions import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, SchedulerDecision,
-                                  ShardLease, ShardRelease, ShardStage, WeightCopy, WeightEviction)
-from slicesched.sched.interface import Batching, Routing, Scheduler
-from slicesched.serving import (SLA, Batch, KVBlockManager, Request, RequestState, TenantEngine, blocks_for,
-                                count_violations)
+                                  ShardLease, ShardRelease, ShardStage, StepInputs, WeightCopy, WeightEviction)
+from slicesched.sched.interface import Backend, Batching, Routing, Scheduler, WhatIf
+from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
+                                TenantEngine, blocks_for, count_violations)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
@@ -114,9 +117,15 @@ class ReplayDriver:
     def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
                  cost: CostModel | None = None, slas: dict[str, SLA] | None = None,
                  record_timeline: bool = False, window_s: float | None = None,
-                 stop_after_violations: int | None = None) -> None:
+                 stop_after_violations: int | None = None,
+                 backend: "Callable[[GlobalMappingGraph, CostModel], Backend] | None" = None,
+                 models: dict[str, ModelSpec] | None = None, device_memory_bytes: float | None = None) -> None:
         """`stop_after_violations`: end the replay once more requests than this have certainly
-        violated their SLA (a capacity search needs no more of a run it already knows fails)."""
+        violated their SLA (a capacity search needs no more of a run it already knows fails).
+        `backend`: builds the backend over the GMG (default: the simulator, with the scenario's
+        perturbation); `models`: the tenants' models where they are not the scenario's;
+        `device_memory_bytes`: every device's memory where it is not its type's (real serving on
+        CPU devices: the executor's budget)."""
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
         self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
@@ -124,7 +133,7 @@ class ReplayDriver:
         self.slas = slas or {}
         self.cost = cost or make_cost_model("roofline")
         self.cluster = build_cluster(sc)
-        self.models: dict[str, ModelSpec] = {t.name: model_spec(t.model) for t in sc.tenants}
+        self.models: dict[str, ModelSpec] = models or {t.name: model_spec(t.model) for t in sc.tenants}
         self.cfg = {t.name: t for t in sc.tenants}
         self.grain = _GRAINS[sc.replay.grain]
         self._budgets: dict[tuple[str, int], int | None] = {}  # (tenant, tp) -> decode batch budget
@@ -137,8 +146,11 @@ class ReplayDriver:
             containers.setdefault(r.tenant, r)
         self.gmg = GlobalMappingGraph(self.cluster, self.models,
                                       {t: Container(t, r.devices) for t, r in containers.items()})
-        self.sim = Simulator(self.gmg, self.cost, perturbation=Perturbation(
-            seed=sc.seed, duration_cv=sc.replay.perturbation_cv), record=record_timeline)
+        if device_memory_bytes is not None:
+            self.gmg.capacity_bytes[:] = device_memory_bytes
+        self.backend: Backend = backend(self.gmg, self.cost) if backend is not None else Simulator(
+            self.gmg, self.cost, perturbation=Perturbation(seed=sc.seed, duration_cv=sc.replay.perturbation_cv),
+            record=record_timeline)
         self.replicas: list[ReplicaState] = []
         pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization)
         for r, pool in zip(replicas, pools):
@@ -169,7 +181,8 @@ class ReplayDriver:
             for d in r.devices:
                 self.gmg.add_weights(r.tenant, blk, d, float(nb))
         per_tok = m.kv_bytes_per_token() / r.tp
-        kv = KVBlockManager(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
+        pool = PagedKVBlockManager if self.backend.computes_tokens else KVBlockManager  # real KV needs block ids
+        kv = pool(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1)
         if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
@@ -202,13 +215,10 @@ class ReplayDriver:
     def sla_of(self, tenant: str) -> SLA | None:
         return self.slas.get(tenant)
 
-    def simulator(self) -> Simulator:
-        """The replay's simulator, for schedulers that fork it for what-if predictions."""
-        return self.sim
-
-    def whatif(self) -> Simulator:
-        """The what-if service (`sched.interface.WhatIf`): the simulator, whose `fork()` predicts."""
-        return self.sim
+    def whatif(self) -> WhatIf | None:
+        """The what-if service (`sched.interface.WhatIf`): the simulator, whose `fork()` predicts;
+        None on the executor."""
+        return self.backend.what_if
 
     def shard_leases(self) -> tuple[ShardLease, ...]:
         return tuple(ShardLease(ls.stage.tenant, ls.stage.home, ls.stage.devices, ls.stage.blocks,
@@ -228,7 +238,7 @@ class ReplayDriver:
         # Replicas that may be able to form a batch (ordered dict: deterministic launch order).
         dirty: dict[ReplicaState, None] = dict.fromkeys(self.replicas)
         while True:
-            now = self.sim.now
+            now = self.backend.now
             while i < n and reqs[i].arrival_s <= now:
                 rs = self._route(reqs[i])
                 if rs is not None:
@@ -257,10 +267,11 @@ class ReplayDriver:
                        self._syncs[0][0] if self._syncs else math.inf)
             if (not self.inflight and i >= n and not self._activations) or now >= horizon:
                 break
-            outcome = self.sim.execute(decision, until=wake, wake=self.scheduler.wake_on())
+            outcome = self.backend.execute(decision, until=wake, wake=self.scheduler.wake_on())
             self.scheduler.update(outcome)
+            tokens = dict(outcome.tokens) if outcome.tokens else None
             for key in outcome.finished_iterations:
-                dirty[self._complete(key, outcome.time)] = None
+                dirty[self._complete(key, outcome.time, tokens=tokens.get(key) if tokens else None)] = None
             for oom in outcome.ooms:
                 dirty.update(dict.fromkeys(self._on_oom(oom)))
             progressed = outcome.completed or outcome.finished_iterations or outcome.time > now
@@ -268,15 +279,15 @@ class ReplayDriver:
             if stalls > 3:
                 raise RuntimeError(f"replay stalled at t={now:.6f}s: scheduler '{self.scheduler.name}' "
                                    f"leaves {len(self.gmg.unmapped_ready())} ready slices unplaced")
-            if self.sim.record and self.sim.now > 2e-6 * TRACE_WINDOW_US:
+            if self.backend.record and self.backend.now > 2e-6 * TRACE_WINDOW_US:
                 # only the first window is exported (`_trim_trace`); the margin lets every slice
                 # that starts inside it end and be written out (segments write steps late)
-                self.sim.stop_recording()
+                self.backend.stop_recording()
             if progress is not None:
-                progress(self.sim.now)
-            if self.stop_after_violations is not None and self.sim.now >= next_check:
-                next_check = self.sim.now + VIOLATION_CHECK_S
-                if count_violations(reqs[:i], self.slas, self.sim.now) > self.stop_after_violations:
+                progress(self.backend.now)
+            if self.stop_after_violations is not None and self.backend.now >= next_check:
+                next_check = self.backend.now + VIOLATION_CHECK_S
+                if count_violations(reqs[:i], self.slas, self.backend.now) > self.stop_after_violations:
                     self.stopped_early = True
                     break
         return self._result(time.perf_counter() - t_wall)
@@ -329,21 +340,41 @@ class ReplayDriver:
         shape = BatchShape(new, ctx, batch.num_seqs)
         graph = build_iteration(self.models[rs.replica.tenant], shape, rs.replica.tp, self.grain,
                                 rs.replica.tenant, batch.iteration)
-        h = self.sim.add_iteration(graph, home=rs.group)
+        inputs = self._inputs(rs, batch) if self.backend.computes_tokens else None
+        h = self.backend.add_iteration(graph, home=rs.group, inputs=inputs)
         self.inflight[h.key] = (rs, batch)
         self.iterations += 1
         self._charge_kv(rs, now)
 
-    def _complete(self, key: int, t: float, synced: bool = False) -> ReplicaState:
+    def _inputs(self, rs: ReplicaState, batch: Batch) -> StepInputs:
+        """Token ids and KV blocks of a batch, for a backend that runs the model. A request's
+        prompt ids are drawn once, from the scenario's seed and its id (random-weight models:
+        any ids are a valid prompt)."""
+        eng, vocab = rs.engine, self.models[rs.replica.tenant].vocab
+        feeds, tables = [], []
+        for rid, ctx, n in zip(batch.req_ids, batch.context_lens_before, batch.num_new_tokens):
+            req = eng.request(rid)
+            if req.prompt_ids is None:
+                rng = np.random.default_rng((self.sc.seed, req.id))
+                req.prompt_ids = tuple(int(x) for x in rng.integers(0, vocab, req.prompt_tokens))
+                req.output_ids = []
+            seq = req.prompt_ids[:req.prompt_tokens] + tuple(req.output_ids)
+            feeds.append(seq[ctx:ctx + n])
+            tables.append(eng.kv.block_table(rid))
+        return StepInputs((rs.replica.tenant, rs.group), eng.kv.num_blocks, BLOCK_TOKENS, tuple(feeds),
+                          batch.context_lens_before, tuple(tables))
+
+    def _complete(self, key: int, t: float, synced: bool = False,
+                  tokens: tuple[int, ...] | None = None) -> ReplicaState:
         if not synced and self._leases:
             delay = self._kv_sync_s(key)
             if delay > 0:  # done once its KV shard is copied home (and the mirror caught up)
                 heapq.heappush(self._syncs, (t + delay, key))
                 return self.inflight[key][0]
         rs, batch = self.inflight.pop(key)
-        rs.engine.on_batch_done(batch, t)
+        rs.engine.on_batch_done(batch, t, tokens)
         self._attribute(self.gmg.iterations[key])
-        self.sim.retire(key)
+        self.backend.retire(key)
         self._charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
             if rs.guest:
@@ -391,12 +422,12 @@ class ReplayDriver:
         OOM (handled here), when the charge stays as it was."""
         delta = target - charged
         if delta > 0:
-            oom = self.sim.alloc_kv(devices, delta, tenant)
+            oom = self.backend.alloc_kv(devices, delta, tenant)
             if oom is not None:
                 self._on_oom(oom)
                 return False
         elif delta < 0:
-            self.sim.free_kv(devices, -delta, tenant)
+            self.backend.free_kv(devices, -delta, tenant)
         return True
 
     def _charge_kv(self, rs: ReplicaState, t: float) -> None:
@@ -409,13 +440,22 @@ class ReplayDriver:
             self._charge_mirror(rs)
 
     def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
-        """An OOM is paid for: every replica on the device preempts and recomputes its requests."""
+        """An OOM is paid for: every replica on the device preempts and recomputes its requests;
+        the iterations it had in flight are dropped (no engine reads them) and stop running."""
         self.ooms.append(oom)
         hit = [rs for rs in self.replicas if oom.device in rs.replica.devices]
         for rs in hit:
             rs.engine.preempt_all(oom.time)
+            self._drop_inflight(rs)
             self._charge_kv(rs, oom.time)
         return hit
+
+    def _drop_inflight(self, rs: ReplicaState) -> None:
+        for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
+            del self.inflight[key]
+            it = self.gmg.iterations[key]
+            self.backend.abort_iteration(key)
+            self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
 
     # ---- guests (SliceScheduler) ---------------------------------------------------------------
     def _start_guest(self, g: GuestStart, now: float) -> ReplicaState | None:
@@ -433,7 +473,7 @@ class ReplayDriver:
         lent = self._borrow(devs, float(weights.sum()) + g.kv_bytes)
         if home is None or lent is None:
             return None
-        self.sim.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
+        self.backend.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
         per_tok = m.kv_bytes_per_token() / len(devs)
         cfg = self.cfg[g.tenant]
         kv = KVBlockManager(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
@@ -487,11 +527,7 @@ class ReplayDriver:
                 min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
             if rs.engine.has_work() or rs.engine.num_inflight:
                 return homes
-        for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
-            del self.inflight[key]
-            it = self.gmg.iterations[key]
-            self.sim.abort_iteration(key)
-            self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
+        self._drop_inflight(rs)
         for req in rs.engine.evict_all(now):
             min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
         self._release_guest(rs, now)
@@ -510,7 +546,7 @@ class ReplayDriver:
         from every device no other replica of the same tenant still uses."""
         tenant = rs.replica.tenant
         kept = {d for o in self.replicas_of(tenant) for d in o.replica.devices}
-        self.sim.apply(SchedulerDecision(now, evictions=tuple(
+        self.backend.apply(SchedulerDecision(now, evictions=tuple(
             WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
             for blk in range(2 * self.models[tenant].layers + 2))))
 
@@ -524,7 +560,7 @@ class ReplayDriver:
         lent = self._borrow(devs, st.lent_bytes)
         if lent is None:
             return False
-        self.sim.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
+        self.backend.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
         home = next((rs for rs in self.replicas if rs.replica.tenant == st.tenant and not rs.guest
                      and rs.replica.devices == tuple(st.home)), None)
         unsynced = home.engine.kv.used_blocks * BLOCK_TOKENS if home is not None else 0
@@ -580,8 +616,8 @@ class ReplayDriver:
             return []
         st, lent = lease.stage, lease.lent
         if lease.mirror_charged > 0:
-            self.sim.free_kv(st.devices, lease.mirror_charged, st.tenant)
-        self.sim.apply(SchedulerDecision(now, evictions=tuple(
+            self.backend.free_kv(st.devices, lease.mirror_charged, st.tenant)
+        self.backend.apply(SchedulerDecision(now, evictions=tuple(
             WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
         for owner, n in lent:
             owner.engine.kv.reclaim(n)
@@ -592,7 +628,7 @@ class ReplayDriver:
         """Start each move: the replica takes no new requests, its queued ones go to the tenant's
         other replicas at once (a load balancer re-routes them), its running ones finish. A
         tenant's last replica may go (scale to zero): its later arrivals park until it has one."""
-        now = self.sim.now
+        now = self.backend.now
         for mv in moves:
             rs = next((r for r in self.replicas if r.replica.tenant == mv.from_tenant and not r.guest
                        and r.replica.devices == tuple(mv.devices) and not r.draining), None)
@@ -614,7 +650,7 @@ class ReplayDriver:
         tenant, devs = rs.replica.tenant, rs.replica.devices
         self._evict_weights(rs, t)
         if rs.kv_charged > 0:
-            self.sim.free_kv(devs, rs.kv_charged, tenant)
+            self.backend.free_kv(devs, rs.kv_charged, tenant)
         new = Replica(rs.move_to or tenant, devs)
         per_dev = float(block_weight_bytes(self.models[new.tenant], new.tp).sum())
         # every device loads its shard from host memory over its own PCIe link, in parallel
@@ -644,15 +680,15 @@ class ReplayDriver:
     # ---- result -----------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
         ends = [r.finish_s for r in self.requests if r.finish_s is not None]
-        makespan = max([self.sim.now, *ends]) if ends else max(self.sim.now, 1e-9)
+        makespan = max([self.backend.now, *ends]) if ends else max(self.backend.now, 1e-9)
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
-        stats = RunStats(wall_s, self.iterations, self.sim.op_events, len(self.ooms), self.moves,
+        stats = RunStats(wall_s, self.iterations, self.backend.op_events, len(self.ooms), self.moves,
                          self.rejected, self.guests_started, self.over_context, self.stopped_early,
                          {**self.scheduler.run_report(), **({"shard_bytes_moved": self.shard_bytes_moved,
                                                              "kv_bytes_moved": self.kv_bytes_moved}
                                                             if self.shards_staged else {})})
-        timeline = _trim_trace(self.sim.perfetto(ops=False)) if self.record_timeline else None
+        timeline = _trim_trace(self.backend.perfetto(ops=False)) if self.record_timeline else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
                          self._tenant_busy(), self.home, self.window_s)

@@ -95,10 +95,10 @@ def run_one(sc: Scenario, spec: RunSpec, duration_s: float | None = None,
     driver = ReplayDriver(sc, make_scheduler(spec.scheduler, sc), trace, rate_scale=spec.rate_scale, cost=cost,
                           slas=isolated_slas(sc, cost), record_timeline=spec.record_timeline, window_s=window,
                           stop_after_violations=stop)
-    return _summarize(driver.run(progress), sc.seed, spec.detail)
+    return summarize_run(driver.run(progress), sc.seed, spec.detail)
 
 
-def _summarize(res: RunResult, seed: int = 0, detail: bool = True) -> RunSummary:
+def summarize_run(res: RunResult, seed: int = 0, detail: bool = True) -> RunSummary:
     summary = summarize(res.requests, res.makespan_s, res.slas, res.window_s or None)
     frame = request_frame(res.requests, res.slas, res.makespan_s) if detail else pd.DataFrame()
     frame.insert(0, "rate_scale", res.rate_scale)

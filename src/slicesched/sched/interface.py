@@ -11,18 +11,19 @@ executor implement the same `Backend`, so any scheduler drives either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from slicesched.decisions import (ContainerMove, Completions, GuestStart, GuestStop, OOMEvent,  # noqa: F401
                                  ReplicaLoad, SchedulerDecision, ShardLease, ShardRelease, ShardStage,
-                                 SliceCompletion, SlicePlacement, StepOutcome, TenantDemand, WeightCopy,
+                                 SliceCompletion, SlicePlacement, StepInputs, StepOutcome, TenantDemand, WeightCopy,
                                  WeightEviction)  # re-exported: schedulers import them from here
 from slicesched.registry import Registry
 
 if TYPE_CHECKING:
-    from slicesched.gmg.graph import GlobalMappingGraph
+    from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
+    from slicesched.gmg.ops import IterationGraph
     from slicesched.serving.sla import SLA
     from slicesched.sim.prediction import Prediction
 
@@ -61,7 +62,10 @@ class PlacementView(ServingView, Protocol):
 
     def sla_of(self, tenant: str) -> "SLA | None": ...
 
-    def whatif(self) -> WhatIf: ...
+    def whatif(self) -> WhatIf | None:
+        """None where the backend offers no what-if service (the executor): SliceScheduler then
+        makes own-group decisions only (no leases, which it could not check)."""
+        ...
 
     def shard_leases(self) -> tuple[ShardLease, ...]: ...
 
@@ -134,11 +138,58 @@ class Scheduler(ABC):
 
 
 class Backend(Protocol):
-    """Runs decisions: the simulator on a virtual clock, the executor on real devices."""
+    """Runs decisions: the simulator on a virtual clock, the executor on real devices.
 
-    def execute(self, decision: SchedulerDecision, until: float = float("inf")) -> StepOutcome:
+    Exactly what the replay driver calls (`replay/driver.py`), implemented fully by both
+    `sim.Simulator` and `executor.ExecutorBackend`. The driver forms iterations and owns the
+    serving state (engines, KV block counts, replicas); the backend owns time, device memory and
+    the GMG's execution state.
+    """
+
+    now: float  # seconds since the backend started (virtual or wall clock)
+    record: bool  # keeping a timeline for `perfetto`
+    op_events: int  # events processed (simulator: ops and slices; executor: slices run)
+    computes_tokens: bool  # runs real models: needs `StepInputs`, reports `StepOutcome.tokens`
+    what_if: "WhatIf | None"  # the what-if service over this backend's state (None: none)
+
+    def add_iteration(self, graph: "IterationGraph", home: int = -1,
+                      inputs: "StepInputs | None" = None) -> "IterationHandle":
+        """Register an iteration formed by the engine replica on group `home` at `now`;
+        `inputs` (required where `computes_tokens`) say what it computes."""
+        ...
+
+    def execute(self, decision: SchedulerDecision, until: float = float("inf"),
+                wake: "str | Collection[int]" = "slice") -> StepOutcome:
         """Apply the decision and run until at least one slice completes, nothing is left to
-        run, or the clock reaches `until` (the driver's next external event, e.g. an arrival)."""
+        run, or the clock reaches `until` (the driver's next external event, e.g. an arrival).
+        `wake`: "slice", "iteration" (run on until an iteration finishes) or the groups whose
+        every slice completion hands control back (`Scheduler.wake_on`). Serving-level fields
+        (container moves, guests, shard stages) are the driver's: the backend ignores them."""
+        ...
+
+    def apply(self, decision: SchedulerDecision) -> None:
+        """Apply the decision's evictions, weight copies and placements at `now`, running nothing."""
+        ...
+
+    def alloc_kv(self, devices: "int | Sequence[int]", nbytes: float, tenant: str) -> OOMEvent | None:
+        """Reserve `nbytes` of KV cache on each device, all or nothing; an OOM is returned and
+        reported in the next outcome."""
+        ...
+
+    def free_kv(self, devices: "int | Sequence[int]", nbytes: float, tenant: str) -> None: ...
+
+    def retire(self, key: int) -> "IterationGraph":
+        """Forget a finished iteration (after the driver read what it needs of it)."""
+        ...
+
+    def abort_iteration(self, key: int) -> "IterationGraph":
+        """Drop a live iteration: what runs of it stops, what it holds is freed."""
+        ...
+
+    def stop_recording(self) -> None: ...
+
+    def perfetto(self, ops: bool = True) -> dict:
+        """The recorded timeline as Chrome/Perfetto trace JSON."""
         ...
 
 

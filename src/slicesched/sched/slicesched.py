@@ -180,7 +180,8 @@ class SliceScheduler(Scheduler):
         releases: tuple[ShardRelease, ...] = ()
         starts: tuple[GuestStart, ...] = ()
         stops: tuple[GuestStop, ...] = ()
-        if self._view is not None and now >= self._next_check:
+        # leases and overflow replicas need the what-if service (the executor has none)
+        if self._view is not None and now >= self._next_check and self._view.whatif() is not None:
             self._next_check = now + self.cfg.check_interval_s
             stages, releases, starts, stops = self._refresh_leases(gmg, now)
         placements = self._placements(gmg, now)

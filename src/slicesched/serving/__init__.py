@@ -5,7 +5,7 @@ returns, and reports completion; ``metrics.summarize`` turns the finished run in
 """
 
 from slicesched.serving.engine import Batch, TenantEngine
-from slicesched.serving.kv_cache import KVBlockManager, blocks_for
+from slicesched.serving.kv_cache import KVBlockManager, PagedKVBlockManager, blocks_for
 from slicesched.serving.metrics import (
     DeviceHarvest,
     HarvestSummary,
@@ -24,7 +24,7 @@ from slicesched.serving.request import Request, RequestState
 from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA, IsolatedLatency
 
 __all__ = [
-    "Batch", "TenantEngine", "KVBlockManager", "blocks_for", "DeviceHarvest", "HarvestSummary",
+    "Batch", "TenantEngine", "KVBlockManager", "PagedKVBlockManager", "blocks_for", "DeviceHarvest", "HarvestSummary",
     "harvest_share", "IdleHistogram", "ServingSummary",
     "TenantSummary", "busy_fraction", "count_violations", "idle_interval_histogram",
     "idle_intervals", "request_frame", "summarize", "Request",

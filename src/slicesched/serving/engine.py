@@ -191,12 +191,13 @@ class TenantEngine:
         self._busy.update(draft.ids)
         return batch
 
-    def on_batch_done(self, batch: Batch, now: float) -> list[Request]:
+    def on_batch_done(self, batch: Batch, now: float, tokens: tuple[int, ...] | None = None) -> list[Request]:
         """Apply a completed batch at time ``now``; return the requests it finished.
 
         The driver calls it once per batch when the iteration's last op completes. Prefill chunks
-        advance; the step that completes a request's pending tokens emits one token at ``now``.
-        A batch dropped by ``preempt_all`` is ignored (returns []).
+        advance; the step that completes a request's pending tokens emits one token at ``now``:
+        where the backend computed them, ``tokens[i]`` (entry i's next token) is the one emitted
+        (appended to ``Request.output_ids``). A batch dropped by ``preempt_all`` is ignored (returns []).
         """
         if batch.tenant != self.tenant:
             raise ValueError(f"batch of tenant {batch.tenant!r} returned to engine {self.tenant!r}")
@@ -204,13 +205,15 @@ class TenantEngine:
             return []
         finished: list[Request] = []
         live, busy = self._live, self._busy
-        for rid, n in zip(batch.req_ids, batch.num_new_tokens):
+        for j, (rid, n) in enumerate(zip(batch.req_ids, batch.num_new_tokens)):
             busy.discard(rid)
             req = live[rid]
             req.num_computed_tokens += n
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk short of the end emits nothing
             req.emit_token(now)
+            if tokens is not None:
+                req.output_ids.append(tokens[j])
             if (req.num_generated >= req.output_tokens
                     or req.prompt_tokens + req.num_generated > self.max_model_len):
                 self._finish(req, now)
@@ -271,6 +274,10 @@ class TenantEngine:
         self._waiting.insert(i, req)
 
     # ---- introspection ----------------------------------------------------------------------
+
+    def request(self, req_id: int) -> Request:
+        """An unfinished request of this engine (real serving reads its token ids)."""
+        return self._live[req_id]
 
     @property
     def num_waiting(self) -> int:

@@ -100,3 +100,44 @@ class KVBlockManager:
     def __repr__(self) -> str:
         return (f"KVBlockManager(num_blocks={self.num_blocks}, block_tokens={self.block_tokens}, "
                 f"used={self._used}, requests={len(self._held)})")
+
+
+class PagedKVBlockManager(KVBlockManager):
+    """A `KVBlockManager` that also names the blocks: each request holds a table of block ids
+    into the pool, as vLLM's block manager gives its model runner. Real serving needs them (the
+    KV lives in real tensors indexed by these ids); the simulator needs counts alone."""
+
+    __slots__ = ("_free_ids", "_tables", "_lent_ids")
+
+    def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
+        super().__init__(num_blocks, block_tokens)
+        self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out the lowest id first
+        self._tables: dict[Hashable, list[int]] = {}
+        self._lent_ids: list[int] = []
+
+    def block_table(self, req_id: Hashable) -> tuple[int, ...]:
+        return tuple(self._tables.get(req_id, ()))
+
+    def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
+        have = self._held.get(req_id, 0)
+        if not super().allocate(req_id, n_tokens):
+            return False
+        extra = self._held.get(req_id, 0) - have
+        if extra:
+            table = self._tables.setdefault(req_id, [])
+            table.extend(self._free_ids.pop() for _ in range(extra))
+        return True
+
+    def free(self, req_id: Hashable) -> int:
+        self._free_ids.extend(reversed(self._tables.pop(req_id, [])))
+        return super().free(req_id)
+
+    def lend(self, n: int) -> bool:
+        if not super().lend(n):
+            return False
+        self._lent_ids += [self._free_ids.pop() for _ in range(n)]
+        return True
+
+    def reclaim(self, n: int) -> None:
+        super().reclaim(n)
+        self._free_ids += [self._lent_ids.pop() for _ in range(n)]

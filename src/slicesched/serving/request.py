@@ -55,6 +55,10 @@ class Request:
     finish_s: float | None = None
     num_preemptions: int = 0
     truncated: bool = False  # finished by the engine's max_model_len before output_tokens
+    # real serving only (a backend that computes tokens): the prompt's token ids and the greedy
+    # output ids emitted so far; the simulator needs lengths alone and leaves them None
+    prompt_ids: tuple[int, ...] | None = None
+    output_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

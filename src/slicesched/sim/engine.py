@@ -150,10 +150,18 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._tracked = dict(tracked) if tracked is not None else {k: it.graph.tenant
                                                                    for k, it in self.gmg.iterations.items()}
 
-    # ==== driver API ===================================================================
-    def add_iteration(self, graph: IterationGraph, home: int = -1) -> IterationHandle:
+    # ==== driver API (`sched.interface.Backend`) ==========================================
+    computes_tokens = False  # prices iterations from their graphs; never runs a model
+
+    @property
+    def what_if(self) -> "Simulator":
+        """The what-if service: `fork()` predicts from the cost model."""
+        return self
+
+    def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: object = None) -> IterationHandle:
         """Register an iteration in the GMG at the current time (its first slices become ready);
-        `home` is the group of the engine replica that formed it (see GMG.add_iteration)."""
+        `home` is the group of the engine replica that formed it (see GMG.add_iteration).
+        `inputs` (token ids, KV blocks) are for backends that compute: the graph prices it here."""
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self._tracked[h.key] = graph.tenant
         if home >= 0:  # its structure and price at home, once, not in the first what-if that places it

@@ -1,0 +1,193 @@
+"""Real serving of a scenario: the same replay driver, engines, schedulers and metrics as a
+simulated replay, with the executor as the backend, on a wall clock.
+
+    setup = real_setup(sc, folder)            # the scenario as served: its models, its devices
+    run = serve(setup, "slicesched")          # tenants' models really run; tokens per request
+    pred = predict(setup, "slicesched", cost) # the simulator on the same scenario and trace
+
+The tenants run as random-weight Hugging Face models built from their configs
+(`executor/serving.py`): scaled down to a few small layers on CPU, where executor devices are
+worker threads with a memory budget each (`device_memory_bytes`, which is also what the GMG,
+the engines' KV pools and the simulator take as device memory), or at full size on GPUs. The
+served configs are written to `folder` and the scenario points its tenants at them, so that the
+models the driver prices, the SLOs and the simulator's prediction are those of what runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from slicesched.config.scenario import Scenario
+from slicesched.cost import CostModel, make_cost_model
+from slicesched.errors import InputError
+from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor.backend import ExecutorBackend
+from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config
+from slicesched.gmg import GlobalMappingGraph
+from slicesched.replay.driver import ReplayDriver, RunResult
+from slicesched.replay.slo import isolated_slas
+from slicesched.replay.workload import scenario_trace
+from slicesched.sched import make_scheduler
+from slicesched.sim import Simulator
+
+DEFAULT_DEVICE_MEMORY = 256 * 2**20  # a CPU device's budget: far more than two small models need
+
+
+@dataclass(frozen=True, slots=True)
+class RealSetup:
+    """A scenario as served for real: its tenants' served configs and weight seeds."""
+
+    scenario: Scenario  # tenants point at the served configs; CPU devices when scaled
+    configs: dict[str, dict]  # tenant -> HF config it runs
+    seeds: dict[str, int]  # tenant -> seed of its random weights
+    device_memory_bytes: float
+    torch_device: str = "cpu"
+    source: Scenario | None = field(default=None, compare=False)  # the scenario as written
+
+
+def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_DEVICE_MEMORY,
+               torch_device: str = "cpu") -> RealSetup:
+    """Scaled-down models on CPU devices (`torch_device="cpu"`), full ones on a CUDA device."""
+    scaled = torch.device(torch_device).type == "cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    configs, seeds, tenants = {}, {}, []
+    for i, t in enumerate(sc.tenants):
+        given = Path(t.model)
+        cfg = served_config(json.loads(given.read_text()) if given.is_file() else shipped_config(t.model), scaled)
+        path = folder / f"{t.name}.json"
+        path.write_text(json.dumps(cfg, indent=1))
+        configs[t.name], seeds[t.name] = cfg, sc.seed * 1000 + i
+        tenants.append(t.model_copy(update={"model": str(path)}))
+    cluster = sc.cluster.model_copy(update={"device": "cpu", "intra_link": "local"}) if scaled else sc.cluster
+    served = sc.model_copy(update={"tenants": tenants, "cluster": cluster})
+    return RealSetup(served, configs, seeds, float(device_memory_bytes), torch_device, sc)
+
+
+def scenario_cost(sc: Scenario, profile: str | None = None) -> CostModel:
+    """The calibrated cost model of `profile` (or the scenario's), else the roofline."""
+    profile = profile or sc.cluster.profile
+    return make_cost_model("calibrated", profile=profile) if profile else make_cost_model("roofline")
+
+
+def _factories(setup: RealSetup) -> dict:
+    """Per tenant, its PagedModel on a device. Built before the wall clock starts: CPU devices
+    share one module per tenant (the same memory; each device's budget is charged its bytes),
+    other devices get their own copy of the same seeded weights."""
+    built = {t: build_model(setup.configs[t], setup.seeds[t], setup.torch_device) for t in setup.configs}
+
+    def make(tenant: str, device: torch.device) -> PagedModel:
+        if device.type == "cpu" or device == next(built[tenant].parameters()).device:
+            return PagedModel(built[tenant])
+        return PagedModel(build_model(setup.configs[tenant], setup.seeds[tenant], str(device)))
+
+    return {t: partial(make, t) for t in setup.configs}
+
+
+@dataclass(slots=True)
+class RealRun:
+    result: RunResult
+    dispatch_s: list[float]  # per slice run: executor time outside the model's stages
+    wall_s: float
+
+
+def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s: float | None = None,
+          cost: CostModel | None = None, executor: Executor | None = None) -> RealRun:
+    """Serve the scenario's trace under `scheduler` on executor devices (`executor`: the
+    caller's, left open; default: one per run); tokens per request in `Request.output_ids`."""
+    sc = setup.scenario
+    cost = cost or scenario_cost(sc)
+    window = sc.replay.duration_s if window_s is None else window_s
+    n = sc.cluster.nodes * sc.cluster.devices_per_node
+    own = executor is None
+    if own:
+        executor = Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
+    factories = _factories(setup)
+    threads = torch.get_num_threads()
+    if setup.torch_device == "cpu":  # one worker thread per device, one core each (as `slicesched profile` measures)
+        torch.set_num_threads(1)
+    made: list[ExecutorBackend] = []
+
+    def backend(gmg: GlobalMappingGraph, _cost: CostModel) -> ExecutorBackend:
+        made.append(ExecutorBackend(executor, gmg, factories))
+        return made[-1]
+
+    try:
+        driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
+                              rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
+                              backend=backend, device_memory_bytes=setup.device_memory_bytes)
+        wide = sorted({rs.replica.tenant for rs in driver.replicas if len(rs.replica.devices) > 1})
+        if wide:  # the executor runs single-device groups only (tensor parallelism is not executed yet)
+            raise InputError(f"under {scheduler}, {', '.join(wide)} would run on multi-device groups "
+                             "(tensor parallel or merged replicas), which the executor does not run yet")
+        res = driver.run()
+    finally:
+        torch.set_num_threads(threads)
+        if own:
+            executor.close()
+    return RealRun(res, made[0].dispatch_s, res.stats.wall_s)
+
+
+def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
+            window_s: float | None = None) -> RunResult:
+    """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone."""
+    sc = setup.scenario
+    window = sc.replay.duration_s if window_s is None else window_s
+    driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
+                          rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
+                          backend=lambda gmg, c: _AsExecutor(gmg, c, record=False),
+                          device_memory_bytes=setup.device_memory_bytes)
+    return driver.run()
+
+
+class _AsExecutor(Simulator):
+    """The simulator offering what the executor offers: no what-if service, so that SliceScheduler
+    makes the same own-group decisions it makes on the executor (no leases)."""
+
+    what_if = None
+
+
+def prediction_table(measured: list[RunResult], predicted: list[RunResult]) -> pd.DataFrame:
+    """Per scheduler and tenant: median TTFT and TPOT measured on the executor beside the
+    simulator's prediction of the same requests, and the prediction's error."""
+    rows = []
+    for m, p in zip(measured, predicted):
+        for tenant in sorted({r.tenant for r in m.requests}):
+            mine = [r for r in m.requests if r.tenant == tenant]
+            theirs = [r for r in p.requests if r.tenant == tenant]
+            row = {"scheduler": m.scheduler, "tenant": tenant, "requests": len(mine)}
+            for what in ("ttft_s", "tpot_s"):
+                a = float(np.nanmedian([getattr(r, what) for r in mine] or [np.nan]))
+                b = float(np.nanmedian([getattr(r, what) for r in theirs] or [np.nan]))
+                row[f"measured_{what}"], row[f"predicted_{what}"] = a, b
+                row[f"{what[:-2]}_error_pct"] = (b - a) / a * 100 if a > 0 else np.nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def print_prediction(df: pd.DataFrame, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("scheduler", "tenant", "requests", "TTFT measured", "TTFT predicted", "error", "TPOT measured",
+              "TPOT predicted", "error"):
+        t.add_column(c, justify="left" if c in ("scheduler", "tenant") else "right")
+    for r in df.itertuples():
+        t.add_row(r.scheduler, r.tenant, str(r.requests), _ms(r.measured_ttft_s), _ms(r.predicted_ttft_s),
+                  _pct(r.ttft_error_pct), _ms(r.measured_tpot_s), _ms(r.predicted_tpot_s), _pct(r.tpot_error_pct))
+    Console(width=max(Console().width, 120)).print(t)
+
+
+def _ms(s: float) -> str:
+    return "-" if np.isnan(s) else f"{s * 1e3:.2f} ms"
+
+
+def _pct(p: float) -> str:
+    return "-" if np.isnan(p) else f"{p:+.0f}%"

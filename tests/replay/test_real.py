@@ -1,0 +1,108 @@
+"""Real serving through the replay driver: tenants' models really run on executor devices, and
+every request's tokens equal eager greedy generation of the same model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from scenario_helpers import scenario
+from slicesched.errors import InputError
+from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor.serving import PagedModel, build_model, greedy_reference
+from slicesched.replay.real import predict, real_setup, scenario_cost, serve
+
+TWO = """
+    name = "two"
+    seed = 5
+    [cluster]
+    devices_per_node = 2
+    [[tenants]]
+    name = "a"
+    model = "llama-3-8b"
+    max_batch_tokens = 64
+    [[tenants]]
+    name = "b"
+    model = "qwen2.5-1.5b"
+    max_batch_tokens = 64
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a"]
+    rate = 8.0
+    prompt_mean = 40
+    output_mean = 8
+    [[streams]]
+    source = "synthetic"
+    tenants = ["b"]
+    rate = 4.0
+    prompt_mean = 100
+    output_mean = 6
+    [replay]
+    duration_s = 1.0
+    drain_s = 20
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return real_setup(scenario(TWO), tmp_path_factory.mktemp("served"))
+
+
+@pytest.fixture(scope="module")
+def eager(setup):
+    return {t: build_model(setup.configs[t], setup.seeds[t]) for t in setup.configs}
+
+
+def _mismatches(requests, eager) -> list[int]:
+    return [r.id for r in requests
+            if tuple(r.output_ids or ()) != greedy_reference(eager[r.tenant], r.prompt_ids, r.num_generated)]
+
+
+@pytest.mark.parametrize("scheduler", ["dedicated", "slicesched"])
+def test_two_tenants_get_the_tokens_of_eager_greedy_generation_request_for_request(setup, eager, scheduler):
+    res = serve(setup, scheduler).result
+    assert {r.tenant for r in res.requests} == {"a", "b"} and len(res.requests) >= 6
+    assert all(r.is_finished and r.num_generated == r.output_tokens for r in res.requests)
+    assert _mismatches(res.requests, eager) == []
+
+
+def test_a_budget_violation_is_an_oom_event_and_no_request_is_lost(setup, eager):
+    """Another allocation holds device 0's memory until 0.2 s after the first refusal: the
+    engine's KV growth exceeds the budget, is refused as an OOM, the tenant recomputes, and
+    once the memory is back every request finishes with the eager tokens."""
+    ex = Executor([DeviceConfig("cpu", setup.device_memory_bytes) for _ in range(2)])
+    dev = ex.devices[0]
+    held = setup.device_memory_bytes - PagedModel(eager["a"]).weight_bytes() - 1000
+    assert dev.reserve(held, "other") is None
+    refused, reserve = threading.Event(), dev.reserve
+
+    def reserve_then_release(nbytes, what, tenant=""):  # the holder lets go once it got in the way
+        oom = reserve(nbytes, what, tenant)
+        if oom is not None and not refused.is_set():
+            refused.set()
+            threading.Timer(0.2, dev.release, (held,)).start()
+        return oom
+
+    dev.reserve = reserve_then_release
+    try:
+        res = serve(setup, "dedicated", executor=ex).result
+    finally:
+        ex.close()
+    assert res.stats.ooms > 0 and {o.what for o in res.ooms} == {"kv"} and {o.device for o in res.ooms} == {0}
+    assert len(res.requests) == len([r for r in res.requests if r.is_finished])
+    assert any(r.num_preemptions for r in res.requests if r.tenant == "a")
+    assert _mismatches(res.requests, eager) == []
+
+
+def test_the_prediction_replays_the_same_requests_in_the_simulator(setup):
+    served = serve(setup, "dedicated").result
+    pred = predict(setup, "dedicated", scenario_cost(setup.scenario))
+    assert [(r.tenant, r.prompt_tokens, r.output_tokens) for r in pred.requests] == \
+        [(r.tenant, r.prompt_tokens, r.output_tokens) for r in served.requests]
+    assert all(r.is_finished and r.output_ids is None for r in pred.requests)
+
+
+def test_a_scheduler_merging_replicas_onto_multi_device_groups_is_refused_in_one_line(setup):
+    with pytest.raises(InputError, match="multi-device groups"):
+        serve(setup, "temporal-mux")
