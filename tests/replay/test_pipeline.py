@@ -86,6 +86,16 @@ def test_two_micro_batches_overlap_behind_the_slower_stage():
     assert second.ttft_s == pytest.approx(s0 + send + 2 * s1, rel=1e-12)
 
 
+def test_a_new_micro_batch_is_formed_when_stage_zero_can_take_it():
+    """The second micro-batch forms when the first leaves stage 0, so both requests that arrived
+    meanwhile ride in it (formed at the first arrival, it would have left the other behind)."""
+    s0, send, s1 = stage_seconds()
+    _, res = replay(two_stage(), [0.0, 0.001, 0.002], [16, 8, 8], [1, 1, 1])
+    _, b, c = res.requests
+    assert b.first_scheduled_s == c.first_scheduled_s == pytest.approx(s0, rel=1e-12)
+    assert b.ttft_s + 0.001 == pytest.approx(s0 + send + 2 * s1, rel=1e-9)
+
+
 def test_without_stages_the_same_two_batches_run_one_after_the_other():
     s0, _, s1 = stage_seconds()
     _, res = replay(two_stage(pp=1, devices=1), [0.0, 0.0], [16, 16], [1, 1])
@@ -144,6 +154,17 @@ def test_weights_and_kv_on_each_device_are_its_stage_share():
     assert rs.stage_kv == (m.kv_bytes_per_token() / 2, m.kv_bytes_per_token() / 2)
     # half the weights and half the KV per token on a device: more than twice the tokens
     assert rs.engine.kv.capacity_tokens > 2 * whole.replicas[0].engine.kv.capacity_tokens
+
+
+def test_kv_of_a_launched_batch_is_charged_to_each_stage_for_its_layers():
+    sc = two_stage(pp=3, devices=3, model="llama-2-7b")  # 32 layers: 11, 11, 10
+    trace = Trace.from_columns("t", [0.0], [16], [1], ["a"])
+    drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, cost=KnownCost())
+    rs = drv._route(drv.requests[0])
+    drv._launch_batches(rs, 0.0)
+    per_layer = model_spec("llama-2-7b").kv_bytes_per_token() / 32
+    tokens = rs.engine.kv.used_blocks * rs.engine.kv.block_tokens
+    assert drv.gmg.mem_kv.tolist() == pytest.approx([tokens * per_layer * n for n in (11, 11, 10)])
 
 
 def test_stages_take_consecutive_devices_of_one_node_when_they_fit():
