@@ -163,7 +163,8 @@ class ReplayDriver:
         self.guests_started = 0
         self._leases: dict[tuple[str, tuple[int, ...]], _Lease] = {}  # staged shards
         self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
-        self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []  # (landing, seq, ...): activations between stages
+        # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
+        self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
         self.shards_staged = 0
         self.shard_bytes_moved = 0.0
