@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from slicesched.gmg import BatchShape, Grain, OpKind, block_weight_bytes, build_iteration
-from slicesched.gmg.pipeline import (build_stages, send_bytes, stage_kv_bytes_per_token, stage_layers,
+from slicesched.gmg.stages import (build_stages, send_bytes, stage_kv_bytes_per_token, stage_layers,
                                      stage_weight_bytes)
 from slicesched.models.spec import model_spec
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from slicesched.gmg import BatchShape, Grain
-from slicesched.gmg.pipeline import build_stages, stage_weight_bytes
+from slicesched.gmg.stages import build_stages, stage_weight_bytes
 from slicesched.hardware import LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas

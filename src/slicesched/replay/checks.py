@@ -88,7 +88,7 @@ def check_tenants(sc: Scenario) -> None:
     """Models known, heads divisible by tp, at most one pipeline stage per layer, weights within
     the device memory share."""
     from slicesched.gmg.builder import tp_problem
-    from slicesched.gmg.pipeline import stage_weight_bytes
+    from slicesched.gmg.stages import stage_weight_bytes
     from slicesched.hardware import device_spec
     from slicesched.models.spec import model_spec
 

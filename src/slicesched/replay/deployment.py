@@ -8,7 +8,7 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.gmg.builder import block_weight_bytes
-from slicesched.gmg.pipeline import stage_kv_bytes_per_token, stage_weight_bytes
+from slicesched.gmg.stages import stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Cluster, NodeSpec
 from slicesched.models.spec import ModelSpec
 from slicesched.decisions import TenantDemand

@@ -24,7 +24,7 @@ import numpy as np
 from slicesched.config.scenario import Scenario
 from slicesched.cost import CostModel, make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, block_weight_bytes, build_iteration
-from slicesched.gmg.pipeline import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
+from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands

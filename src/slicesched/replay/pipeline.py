@@ -1,7 +1,7 @@
 """A pipeline-parallel replica's stages: which micro-batch each runs and which wait for it.
 
 A micro-batch (one engine batch) runs stage by stage, each stage's part a GMG iteration of its
-own on that stage's group (`gmg.pipeline.build_stages`). A stage runs one micro-batch at a
+own on that stage's group (`gmg.stages.build_stages`). A stage runs one micro-batch at a
 time, in arrival order (a GPU runs the forward passes handed to it in order; in the simulator
 two iterations on one group would take turns slice by slice instead). Between stages the
 hidden states move over the link connecting the two groups. The engine keeps up to pp
