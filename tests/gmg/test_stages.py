@@ -77,3 +77,12 @@ def test_kv_per_token_on_a_stage_is_its_layers_share():
     m = model_spec("llama-2-7b")
     assert stage_kv_bytes_per_token(m, 2, 2) == (m.kv_bytes_per_token() / 4, m.kv_bytes_per_token() / 4)
     assert sum(stage_kv_bytes_per_token(m, 1, 3)) == pytest.approx(m.kv_bytes_per_token())
+
+
+def test_one_stage_is_the_builders_graph_itself():
+    m = model_spec("llama-2-7b")
+    shape = BatchShape.prefill(100)
+    (only,) = build_stages(m, shape, 1, 1, Grain.BLOCK)
+    whole = build_iteration(m, shape, 1, Grain.BLOCK)
+    assert only.kind is whole.kind and only.slice_of is whole.slice_of  # the template's shared arrays
+    assert np.array_equal(only.flops, whole.flops)

@@ -102,6 +102,12 @@ def test_without_stages_the_same_two_batches_run_one_after_the_other():
     assert [r.ttft_s for r in res.requests] == pytest.approx([s0 + s1, 2 * (s0 + s1)], rel=1e-12)
 
 
+def test_a_one_stage_replica_has_no_pipeline_and_one_batch_in_flight():
+    drv, _ = replay(two_stage(pp=1, devices=1), [0.0], [16], [1])
+    rs = drv.replicas[0]
+    assert rs.pipe is None and rs.engine.max_inflight_batches == 1 and not drv._stage_runs
+
+
 def test_stages_on_two_nodes_send_over_the_inter_node_link():
     """One device per node: the stages' groups are joined by the network, priced like any link."""
     sc = two_stage(devices=1, nodes=2)
