@@ -2,8 +2,8 @@
 also runs, and print wall time, CPU time, peak memory and the simulated serving figures:
 
 - `llama2_70b`: Vidur's reference workload, 19,366 requests on Llama-2-70B served by 4 replicas
-  on 16 A100-80GB, chunked prefill of 512 tokens, batch cap 128 (`dedicated`); Vidur takes 96
-  CPU-seconds for it with warm predictors.
+  of TP2 x PP2 on 16 A100-80GB, chunked prefill of 512 tokens, batch cap 128 (`dedicated`); Vidur
+  takes 96 CPU-seconds for it with warm predictors.
 - `azure_conv`: one tenant, Llama-2-7B on one H100, vLLM-style continuous batching.
 
 Each replay runs in a process of its own, so its peak memory (max RSS) is its own.

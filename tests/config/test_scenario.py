@@ -121,3 +121,25 @@ def test_realloc_settings_come_from_their_own_table(tmp_path):
 def test_misspelled_realloc_setting_names_its_table(tmp_path):
     with pytest.raises(InputError, match=r"schedulers\.realloc\.intervl_s.*unknown field"):
         load_scenario(write(tmp_path, GOOD + "[schedulers.realloc]\nintervl_s = 5\n"))
+
+
+def test_pp_defaults_to_one_stage(tmp_path):
+    assert [t.pp for t in load_scenario(write(tmp_path, GOOD)).tenants] == [1, 1]
+
+
+def test_a_replica_of_more_stages_than_the_cluster_holds_is_blamed_on_pp(tmp_path):
+    p = write(tmp_path, GOOD.replace("tp = 2", "tp = 2\npp = 3"))
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert str(e.value) == (f"{p}:14: field 'tenants[1].pp': a replica of tp=2 x pp=3 needs 6 devices, "
+                            f"the cluster has 4")
+
+
+def test_pp_below_one_is_refused(tmp_path):
+    with pytest.raises(InputError, match=r"s\.toml:14: field 'tenants\[1\]\.pp': .*greater than or equal to 1"):
+        load_scenario(write(tmp_path, GOOD.replace("tp = 2", "tp = 2\npp = 0")))
+
+
+def test_listed_devices_must_cover_every_stage(tmp_path):
+    with pytest.raises(InputError, match="lists 2 devices but tp x pp x replicas = 4"):
+        load_scenario(write(tmp_path, GOOD.replace("tp = 2", "tp = 2\npp = 2\ndevices = [2, 3]")))

@@ -57,3 +57,26 @@ def test_scenario_duration_with_no_arrival_is_blamed_on_its_line(tiny_scenario_t
     with pytest.raises(InputError) as e:
         check_scenario(load_scenario(p))
     assert (e.value.file, e.value.line, e.value.field) == (str(p), 17, "replay.duration_s")
+
+
+def staged(text: str, pp: int) -> str:
+    """The tiny scenario with tenant a in `pp` pipeline stages."""
+    return text.replace('model = "qwen2.5-1.5b"', f'model = "qwen2.5-1.5b"\npp = {pp}', 1)
+
+
+def test_more_stages_than_layers_is_blamed_on_pp(tiny, tiny_scenario_toml):
+    text = staged(tiny_scenario_toml, 29).replace("devices_per_node = 2", "devices_per_node = 32")
+    with pytest.raises(InputError, match="has 28 layers, fewer than pp=29 stages") as e:
+        check_scenario(tiny(text))
+    assert e.value.field == "tenants[0].pp"
+
+
+def test_a_scheduler_that_cannot_serve_stages_is_refused_at_its_place(tiny, tiny_scenario_toml):
+    text = staged(tiny_scenario_toml, 2).replace("devices_per_node = 2", "devices_per_node = 3")
+    with pytest.raises(InputError, match="scheduler 'temporal-mux' cannot serve pipeline-parallel tenant 'a'") as e:
+        check_scenario(tiny(text))
+    assert e.value.field == "replay.schedulers[1]"
+    with pytest.raises(InputError, match="'realloc' cannot") as e:
+        check_scenario(tiny(text), schedulers=["dedicated", "realloc"])
+    assert e.value.field == "--scheduler"
+    check_scenario(tiny(text), schedulers=["dedicated", "dedicated-slo-aware"])

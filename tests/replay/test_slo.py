@@ -79,3 +79,14 @@ def test_slos_are_equal_for_two_durations_and_rate_scales(sc):
     # prefix-nested: the x1 requests are the first x3 ones, with the same prompts
     n = len(a)
     assert a["prompt_tokens"].tolist() == b["prompt_tokens"].tolist()[:n]
+
+
+def test_isolated_latency_on_two_stages_adds_the_activation_send():
+    """Alone, a step runs stage 0, sends the hidden states of its tokens, then runs stage 1."""
+    cost, m, dev, link = make_cost_model(), model_spec("qwen2.5-1.5b"), DEVICES["H100-80GB"], LINKS["local"]
+    one = ContainerLatency(m, 1, 2048, cost, dev, link)
+    two = ContainerLatency(m, 1, 2048, cost, dev, link, pp=2, stage_links=(LINKS["nvlink4"],))
+    send = cost.transfer_time(900 * m.hidden * m.dtype_bytes, LINKS["nvlink4"])
+    assert two.ttft(np.array([900]))[0] == pytest.approx(one.ttft(np.array([900]))[0] + send, rel=1e-12)
+    assert two.tpot(np.array([900]))[0] == pytest.approx(
+        one.tpot(np.array([900]))[0] + cost.transfer_time(m.hidden * m.dtype_bytes, LINKS["nvlink4"]), rel=1e-12)

@@ -33,6 +33,14 @@ MAX_SEQS = 1 << 16  # sequences in one batch
 RateScale = Annotated[float, Field(gt=0, le=MAX_RATE_SCALE)]
 
 
+class FieldProblem(ValueError):
+    """A whole-scenario check that one field is to blame for: reported at that field's line."""
+
+    def __init__(self, loc: tuple, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,9 +73,11 @@ class ClusterConfig(_Strict):
 class TenantConfig(_Strict):
     name: str = Field(description="tenant name, unique in the scenario")
     model: str = Field(description="shipped model name (e.g. 'llama-3-8b') or a path to a HF config.json")
-    tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree = devices in one replica")
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree = devices in one pipeline stage")
+    pp: int = Field(1, ge=1, le=64, description="pipeline-parallel stages of one replica, each a tp-way group "
+                    "on the next tp devices (a replica has tp x pp devices)")
     replicas: int = Field(1, ge=1, le=64, description="data-parallel replicas (containers) of the model")
-    devices: tuple[int, ...] | None = Field(None, description="devices of all replicas (tp x replicas); "
+    devices: tuple[int, ...] | None = Field(None, description="devices of all replicas (tp x pp x replicas); "
                                             "default: packed in order")
     ttft_slo_s: float | None = Field(None, gt=0, description="absolute TTFT SLO; default sla_scale x isolated")
     tpot_slo_s: float | None = Field(None, gt=0, description="absolute TPOT SLO; default sla_scale x isolated")
@@ -78,10 +88,15 @@ class TenantConfig(_Strict):
 
     @model_validator(mode="after")
     def _devices_match_tp(self) -> "TenantConfig":
-        if self.devices is not None and len(self.devices) != self.tp * self.replicas:
-            raise ValueError(f"'devices' lists {len(self.devices)} devices but tp x replicas = "
-                             f"{self.tp * self.replicas}")
+        if self.devices is not None and len(self.devices) != self.tp * self.pp * self.replicas:
+            raise ValueError(f"'devices' lists {len(self.devices)} devices but tp x pp x replicas = "
+                             f"{self.tp * self.pp * self.replicas}")
         return self
+
+    @property
+    def replica_devices(self) -> int:
+        """Devices of one replica: pp stages of tp devices."""
+        return self.tp * self.pp
 
 
 class SyntheticStream(_Strict):
@@ -240,10 +255,15 @@ class Scenario(_Strict):
             if unknown:
                 raise ValueError(f"stream feeds unknown tenant(s) {unknown}; tenants are {names}")
         n = self.cluster.nodes * self.cluster.devices_per_node
+        for i, t in enumerate(self.tenants):
+            if t.replica_devices > n:
+                raise FieldProblem(("tenants", i, "pp" if t.pp > 1 else "tp"),
+                                   f"a replica of tp={t.tp} x pp={t.pp} needs {t.replica_devices} devices, "
+                                   f"the cluster has {n}")
         used = [d for t in self.tenants for d in (t.devices or ())]
         if any(d < 0 or d >= n for d in used):
             raise ValueError(f"a tenant's devices fall outside the cluster's 0..{n - 1}")
-        need = sum(t.tp * t.replicas for t in self.tenants)
+        need = sum(t.replica_devices * t.replicas for t in self.tenants)
         if need > n:
             raise ValueError(f"tenants need {need} devices, the cluster has {n}")
         if len(used) != len(set(used)):
@@ -307,6 +327,9 @@ def parse_scenario(raw: dict, source: str = "<scenario>", text: str = "") -> Sce
         if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":
             msg = "'source' must be one of synthetic, trace, servegen"
         msg = msg.removeprefix("Value error, ")
+        blamed = (err.get("ctx") or {}).get("error")
+        if isinstance(blamed, FieldProblem):
+            raise InputError(msg, file=source, line=_line_of(text, blamed.loc), field=_dotted(blamed.loc)) from None
         if field == "<root>":  # a whole-scenario check: no single field to name
             raise InputError(msg, file=source) from None
         if err["type"] == "missing":  # nothing in the file to point at

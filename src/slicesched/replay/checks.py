@@ -51,6 +51,7 @@ def check_scenario(sc: Scenario, *, schedulers: Sequence[str] | None = None,
     given on the command line replace the scenario's (and are blamed on the options)."""
     check_schedulers(sc, schedulers)
     check_tenants(sc)
+    check_pipeline_schedulers(sc, schedulers)
     scales = list(rate_scales or sc.replay.rate_scales)
     return Checked(check_workload(sc, scales, duration_s, cli_scales=bool(rate_scales)))
 
@@ -66,9 +67,28 @@ def check_schedulers(sc: Scenario, names: Sequence[str] | None = None) -> None:
             raise scenario_error(sc, ("replay", "schedulers", i), msg)
 
 
+def check_pipeline_schedulers(sc: Scenario, names: Sequence[str] | None = None) -> None:
+    """A pipeline-parallel tenant (pp > 1) only under schedulers that serve one (`supports_pp`)."""
+    from slicesched.sched import SCHEDULERS
+
+    staged = next(((i, t) for i, t in enumerate(sc.tenants) if t.pp > 1), None)
+    if staged is None:
+        return
+    i, t = staged
+    for j, n in enumerate(names or sc.replay.schedulers):
+        if not SCHEDULERS.get(n).supports_pp:
+            able = ", ".join(k for k in SCHEDULERS.names() if SCHEDULERS.get(k).supports_pp)
+            msg = f"scheduler '{n}' cannot serve pipeline-parallel tenant '{t.name}' (pp={t.pp}); use {able}"
+            if names:
+                raise InputError(msg, field="--scheduler")
+            raise scenario_error(sc, ("replay", "schedulers", j), msg)
+
+
 def check_tenants(sc: Scenario) -> None:
-    """Models known, heads divisible by tp, weights within the device memory share."""
-    from slicesched.gmg.builder import block_weight_bytes, tp_problem
+    """Models known, heads divisible by tp, at most one pipeline stage per layer, weights within
+    the device memory share."""
+    from slicesched.gmg.builder import tp_problem
+    from slicesched.gmg.stages import stage_weight_bytes
     from slicesched.hardware import device_spec
     from slicesched.models.spec import model_spec
 
@@ -84,13 +104,16 @@ def check_tenants(sc: Scenario) -> None:
         problem = tp_problem(m, t.tp)
         if problem:
             raise scenario_error(sc, ("tenants", i, "tp"), problem)
-        weights = float(block_weight_bytes(m, t.tp).sum())
+        if t.pp > m.layers:
+            raise scenario_error(sc, ("tenants", i, "pp"), f"{m.name} has {m.layers} layers, fewer than pp={t.pp} stages")
+        weights = max(float(w.sum()) for w in stage_weight_bytes(m, t.tp, t.pp))
         if weights >= budget:
+            at = f"tp={t.tp}" + (f" x pp={t.pp}" if t.pp > 1 else "")
             raise scenario_error(
                 sc, ("tenants", i, "tp"),
-                f"{m.name} needs {weights / 1e9:.1f} GB of weights per device at tp={t.tp}, but a "
+                f"{m.name} needs {weights / 1e9:.1f} GB of weights per device at {at}, but a "
                 f"{dev.name} gives {budget / 1e9:.1f} GB to weights and KV cache (gpu_memory_utilization "
-                f"{sc.replay.gpu_memory_utilization:g}); raise tp or use a larger device")
+                f"{sc.replay.gpu_memory_utilization:g}); raise tp or pp or use a larger device")
 
 
 def check_workload(sc: Scenario, scales: Sequence[float], duration_s: float | None,

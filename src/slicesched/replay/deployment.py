@@ -8,6 +8,7 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.gmg.builder import block_weight_bytes
+from slicesched.gmg.stages import stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Cluster, NodeSpec
 from slicesched.models.spec import ModelSpec
 from slicesched.decisions import TenantDemand
@@ -16,14 +17,22 @@ from slicesched.traces import Trace
 
 @dataclass(frozen=True, slots=True)
 class Replica:
-    """One container: a copy of a tenant's model sharded over `devices` (tp = len(devices))."""
+    """One container: a copy of a tenant's model over `devices`, in `pp` pipeline stages of
+    consecutive tensor-parallel groups (tp = len(devices) // pp)."""
 
     tenant: str
     devices: tuple[int, ...]
+    pp: int = 1
 
     @property
     def tp(self) -> int:
-        return len(self.devices)
+        return len(self.devices) // self.pp
+
+    @property
+    def stages(self) -> tuple[tuple[int, ...], ...]:
+        """The devices of each pipeline stage, in order."""
+        tp = self.tp
+        return tuple(self.devices[s * tp:(s + 1) * tp] for s in range(self.pp))
 
 
 def build_cluster(sc: Scenario) -> Cluster:
@@ -33,8 +42,8 @@ def build_cluster(sc: Scenario) -> Cluster:
 
 
 def default_replicas(sc: Scenario, cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """The scenario's containers: explicit devices, else packed in order, keeping a TP group
-    inside one node where it fits."""
+    """The scenario's containers: explicit devices, else packed in order, keeping a replica (its
+    tp x pp devices) inside one node where it fits."""
     taken = {d for t in sc.tenants for d in (t.devices or ())}
     free = [d for d in range(cluster.num_devices) if d not in taken]
     out = []
@@ -44,10 +53,11 @@ def default_replicas(sc: Scenario, cluster: Cluster) -> tuple[tuple[str, tuple[i
         else:
             devs = []
             for _ in range(t.replicas):
-                group = _take_group(free, t.tp, cluster)
+                group = _take_group(free, t.replica_devices, cluster)
                 devs += group
+        n = t.replica_devices
         for r in range(t.replicas):
-            out.append((t.name, tuple(devs[r * t.tp:(r + 1) * t.tp])))
+            out.append((t.name, tuple(devs[r * n:(r + 1) * n])))
     return tuple(out)
 
 
@@ -73,16 +83,25 @@ def kv_pool_bytes(replicas: list[Replica], models: dict[str, ModelSpec], capacit
     weights = np.zeros(len(capacity))
     share = np.zeros(len(capacity))
     for r in replicas:
-        per_dev = block_weight_bytes(models[r.tenant], r.tp).sum()
-        for d in r.devices:
-            weights[d] += per_dev
-            share[d] += models[r.tenant].kv_bytes_per_token() / r.tp
+        for d, w, kv in _per_device(r, models[r.tenant]):
+            weights[d] += w
+            share[d] += kv
     free = capacity * utilization - weights
     out = []
     for r in replicas:
-        mine = models[r.tenant].kv_bytes_per_token() / r.tp
-        out.append(float(min(free[d] * mine / share[d] for d in r.devices)))
+        # a pipeline replica's pool is in bytes per device of its stage with the most KV per token
+        per_dev = _per_device(r, models[r.tenant])
+        top = max(kv for _, _, kv in per_dev)
+        out.append(float(min(free[d] * kv / share[d] * (top / kv) for d, _, kv in per_dev)))
     return out
+
+
+def _per_device(r: Replica, m: ModelSpec) -> list[tuple[int, float, float]]:
+    """(device, weight bytes, KV bytes per token) of every device of a replica."""
+    if r.pp == 1:
+        return [(d, block_weight_bytes(m, r.tp).sum(), m.kv_bytes_per_token() / r.tp) for d in r.devices]
+    weights, kv = stage_weight_bytes(m, r.tp, r.pp), stage_kv_bytes_per_token(m, r.tp, r.pp)
+    return [(d, weights[s].sum(), kv[s]) for s, devs in enumerate(r.stages) for d in devs]
 
 
 def tenant_demands(trace: Trace, tenants: list[str]) -> dict[str, TenantDemand]:

@@ -27,9 +27,11 @@ import numpy as np
 from slicesched.config.scenario import Scenario
 from slicesched.cost import CostModel, make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, block_weight_bytes, build_iteration
+from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
+from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
 from slicesched.decisions import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, SchedulerDecision,
                                   ShardLease, ShardRelease, ShardStage, StepInputs, WeightCopy, WeightEviction)
@@ -57,6 +59,9 @@ class ReplicaState:
     move_to: str | None = None
     guest: bool = False  # serves overflow on other tenants' devices (SliceScheduler)
     lent: list[tuple["ReplicaState", int]] = field(default_factory=list)  # (owner, KV blocks borrowed)
+    pipe: Pipeline | None = None  # the stages of a pipeline-parallel replica (pp > 1)
+    stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage
+    stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
 
     @property
     def load(self) -> int:
@@ -140,12 +145,14 @@ class ReplayDriver:
         default = default_replicas(sc, self.cluster)
         self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
         pairs = scheduler.deployment(default, tenant_demands(trace, [t.name for t in sc.tenants]))
-        replicas = [Replica(t, devs) for t, devs in pairs]
+        replicas = [Replica(t, devs, self.cfg[t].pp) for t, devs in pairs]
+        if not scheduler.supports_pp and any(r.pp > 1 for r in replicas):
+            raise ValueError(f"scheduler '{scheduler.name}' does not serve pipeline-parallel replicas (pp > 1)")
         containers = {}
         for r in replicas:
             containers.setdefault(r.tenant, r)
         self.gmg = GlobalMappingGraph(self.cluster, self.models,
-                                      {t: Container(t, r.devices) for t, r in containers.items()})
+                                      {t: Container(t, r.stages[0]) for t, r in containers.items()})
         if device_memory_bytes is not None:
             self.gmg.capacity_bytes[:] = device_memory_bytes
         self.backend: Backend = backend(self.gmg, self.cost) if backend is not None else Simulator(
@@ -168,6 +175,9 @@ class ReplayDriver:
         self.guests_started = 0
         self._leases: dict[tuple[str, tuple[int, ...]], _Lease] = {}  # staged shards
         self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
+        # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
+        self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
+        self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
         self.shards_staged = 0
         self.shard_bytes_moved = 0.0
         self.kv_bytes_moved = 0.0
@@ -176,24 +186,34 @@ class ReplayDriver:
 
     # ---- replicas ---------------------------------------------------------------------------
     def _start_replica(self, r: Replica, kv_pool: float) -> ReplicaState:
+        """Load the replica's weights (each pipeline stage's devices only its layers') and start
+        its engine, which keeps up to pp micro-batches in flight. `kv_pool` is per device of the
+        stage with the most KV per token (`kv_pool_bytes`)."""
         m, cfg = self.models[r.tenant], self.cfg[r.tenant]
-        for blk, nb in enumerate(block_weight_bytes(m, r.tp)):
-            for d in r.devices:
-                self.gmg.add_weights(r.tenant, blk, d, float(nb))
-        per_tok = m.kv_bytes_per_token() / r.tp
+        for devs, weights in zip(r.stages, stage_weight_bytes(m, r.tp, r.pp)):
+            for blk in np.flatnonzero(weights).tolist():
+                for d in devs:
+                    self.gmg.add_weights(r.tenant, blk, d, float(weights[blk]))
+        stage_kv = stage_kv_bytes_per_token(m, r.tp, r.pp) if r.pp > 1 else ()
+        per_tok = max(stage_kv) if stage_kv else m.kv_bytes_per_token() / r.tp
         pool = PagedKVBlockManager if self.backend.computes_tokens else KVBlockManager  # real KV needs block ids
         kv = pool(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
-                              max_inflight_batches=1)
+                              max_inflight_batches=r.pp)
         if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
             engine.decode_batch_tokens = self._decode_budget(r)
-        return ReplicaState(r, self.cluster.group_id(r.devices), engine, per_tok)
+        groups = tuple(self.cluster.group_id(devs) for devs in r.stages)
+        if r.pp == 1:
+            return ReplicaState(r, groups[0], engine, per_tok)
+        links = tuple(self.cluster.group_link(a, b) for a, b in zip(groups, groups[1:]))
+        return ReplicaState(r, groups[0], engine, per_tok, pipe=Pipeline(groups, links), stage_kv=stage_kv,
+                            stage_charged=[0.0] * r.pp)
 
     def _decode_budget(self, r: Replica) -> int | None:
         """`serving_rules.decode_budget` of the replica's tenant (None without an SLA), once per (tenant, tp)."""
         key, sla = (r.tenant, r.tp), self.slas.get(r.tenant)
         if key not in self._budgets:
-            link = self.cluster.group_intra_link(self.cluster.group_id(r.devices))
+            link = self.cluster.group_intra_link(self.cluster.group_id(r.stages[0]))
             self._budgets[key] = None if sla is None else decode_budget(
                 self.models[r.tenant], r.tp, self.grain, self.cost, self.cluster.device_specs[r.devices[0]], link,
                 self.cfg[r.tenant].max_batch_tokens, sla.tpot_s)
@@ -248,6 +268,10 @@ class ReplayDriver:
                 dirty[rs] = None
             while self._syncs and self._syncs[0][0] <= now:  # wide iterations whose KV sync is done
                 dirty[self._complete(heapq.heappop(self._syncs)[1], now, synced=True)] = None
+            while self._sends and self._sends[0][0] <= now:  # activations landed on the next stage
+                _, _, rs, mb = heapq.heappop(self._sends)
+                if rs.pipe.arrive(mb, mb.stage + 1):
+                    self._run_stage(rs, mb)
             for rs in dirty:
                 self._launch_batches(rs, now)
             dirty.clear()
@@ -264,8 +288,8 @@ class ReplayDriver:
             for st in decision.shard_stages:
                 self._stage_shards(st, now)
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon,
-                       self._syncs[0][0] if self._syncs else math.inf)
-            if (not self.inflight and i >= n and not self._activations) or now >= horizon:
+                       self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf)
+            if (not self.inflight and not self._sends and i >= n and not self._activations) or now >= horizon:
                 break
             outcome = self.backend.execute(decision, until=wake, wake=self.scheduler.wake_on())
             self.scheduler.update(outcome)
@@ -329,7 +353,7 @@ class ReplayDriver:
 
     def _launch_batches(self, rs: ReplicaState, now: float) -> None:
         eng = rs.engine
-        while eng.num_inflight < eng.max_inflight_batches:
+        while eng.num_inflight < eng.max_inflight_batches and (rs.pipe is None or rs.pipe.can_start()):
             batch = eng.next_batch(now)
             if batch is None:
                 break
@@ -338,11 +362,17 @@ class ReplayDriver:
     def _launch(self, rs: ReplicaState, batch: Batch, now: float) -> None:
         new, ctx, _ = batch.as_arrays()
         shape = BatchShape(new, ctx, batch.num_seqs)
-        graph = build_iteration(self.models[rs.replica.tenant], shape, rs.replica.tp, self.grain,
-                                rs.replica.tenant, batch.iteration)
-        inputs = self._inputs(rs, batch) if self.backend.computes_tokens else None
-        h = self.backend.add_iteration(graph, home=rs.group, inputs=inputs)
-        self.inflight[h.key] = (rs, batch)
+        if rs.pipe is not None:
+            mb = MicroBatch(batch, build_stages(self.models[rs.replica.tenant], shape, rs.replica.tp, rs.pipe.pp,
+                                                self.grain, rs.replica.tenant, batch.iteration))
+            rs.pipe.arrive(mb, 0)  # stage 0 is free: `_launch_batches` asked
+            self._run_stage(rs, mb)
+        else:
+            graph = build_iteration(self.models[rs.replica.tenant], shape, rs.replica.tp, self.grain,
+                                    rs.replica.tenant, batch.iteration)
+            inputs = self._inputs(rs, batch) if self.backend.computes_tokens else None
+            h = self.backend.add_iteration(graph, home=rs.group, inputs=inputs)
+            self.inflight[h.key] = (rs, batch)
         self.iterations += 1
         self._charge_kv(rs, now)
 
@@ -364,8 +394,37 @@ class ReplayDriver:
         return StepInputs((rs.replica.tenant, rs.group), eng.kv.num_blocks, BLOCK_TOKENS, tuple(feeds),
                           batch.context_lens_before, tuple(tables))
 
+    def _run_stage(self, rs: ReplicaState, mb: MicroBatch) -> None:
+        """Start a micro-batch's part on the stage it has reached, as an iteration of its own."""
+        h = self.backend.add_iteration(mb.graphs[mb.stage], home=rs.pipe.groups[mb.stage])
+        self.inflight[h.key] = (rs, mb.batch)
+        self._stage_runs[h.key] = mb
+
+    def _stage_done(self, key: int, t: float) -> ReplicaState | None:
+        """A pipeline stage finished a micro-batch's part: the stage takes the next one waiting,
+        and unless it was the last stage, the hidden states start for the next over the link
+        between the two (landing at `_sends`). Returns the replica, or None after the last stage
+        (the batch is then complete)."""
+        mb = self._stage_runs.pop(key)
+        rs = self.inflight[key][0]
+        nxt = rs.pipe.leave(mb.stage)
+        if nxt is not None:
+            self._run_stage(rs, nxt)
+        if mb.stage == rs.pipe.pp - 1:
+            return None
+        del self.inflight[key]
+        self._attribute(self.gmg.iterations[key])
+        self.backend.retire(key)
+        delay = self.cost.transfer_time(send_bytes(mb.graphs[mb.stage]), rs.pipe.links[mb.stage])
+        heapq.heappush(self._sends, (t + delay, key, rs, mb))
+        return rs
+
     def _complete(self, key: int, t: float, synced: bool = False,
                   tokens: tuple[int, ...] | None = None) -> ReplicaState:
+        if self._stage_runs and key in self._stage_runs:
+            rs = self._stage_done(key, t)
+            if rs is not None:
+                return rs
         if not synced and self._leases:
             delay = self._kv_sync_s(key)
             if delay > 0:  # done once its KV shard is copied home (and the mirror caught up)
@@ -432,12 +491,24 @@ class ReplayDriver:
 
     def _charge_kv(self, rs: ReplicaState, t: float) -> None:
         """Keep device memory in step with the KV blocks the engine holds."""
+        if rs.stage_kv:
+            self._charge_stages(rs)
+            return
         used = rs.engine.kv.used_blocks * BLOCK_TOKENS * rs.kv_bytes_per_token
         if not self._charge(rs.replica.devices, rs.replica.tenant, rs.kv_charged, used):
             return
         rs.kv_charged = used
         if self._leases:
             self._charge_mirror(rs)
+
+    def _charge_stages(self, rs: ReplicaState) -> None:
+        """`_charge_kv` of a pipeline replica: each stage's devices hold its layers' KV."""
+        tokens = rs.engine.kv.used_blocks * BLOCK_TOKENS
+        for s, (devs, per_tok) in enumerate(zip(rs.replica.stages, rs.stage_kv)):
+            if not self._charge(devs, rs.replica.tenant, rs.stage_charged[s], tokens * per_tok):
+                return  # the OOM's preemption charged every stage anew
+            rs.stage_charged[s] = tokens * per_tok
+        rs.kv_charged = tokens * rs.kv_bytes_per_token
 
     def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
         """An OOM is paid for: every replica on the device preempts and recomputes its requests;

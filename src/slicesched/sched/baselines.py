@@ -44,6 +44,7 @@ def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
 @SCHEDULERS.register("dedicated")
 class DedicatedScheduler(Scheduler):
     name = "dedicated"
+    supports_pp = True  # each stage's iteration runs whole on its stage group: nothing to plan
 
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         return SchedulerDecision(now, home_placements(gmg))

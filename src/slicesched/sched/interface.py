@@ -90,6 +90,9 @@ class Scheduler(ABC):
     name: ClassVar[str] = ""
     routing: ClassVar[Routing] = Routing.LEAST_LOADED
     batching: ClassVar[Batching] = Batching.FIXED
+    #: Serves pipeline-parallel replicas (pp > 1: one GMG iteration per stage and micro-batch,
+    #: each placed on its home stage group). Those that do not are refused such scenarios.
+    supports_pp: ClassVar[bool] = False
 
     @classmethod
     def from_scenario(cls, scenario: object) -> "Scheduler":

@@ -122,7 +122,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._inbound: dict[int, tuple[int, tuple[tuple[tuple[int, ...], float], ...]]] = {}
         self._wwait: dict[tuple[str, int, int], tuple[int, ...]] = {}  # missing block -> waiting slices
         self._wver = 0
-        self._wok: dict[tuple[str, int], int] = {}
+        self._wok: dict[tuple, int] = {}  # (tenant, group[, blocks]) -> _wver when all (those) blocks were there
         self.net = Network(self._sh.paths)
         self.mem = MemoryLedger(gmg, now, record)
         self._init_outputs()

@@ -40,6 +40,7 @@ class IterInfo:
     step_alloc: np.ndarray  # [n] bytes allocated when slice j starts: intermediates + output
     ids: np.ndarray  # int64 [n] global ids (a segment of one chain takes a view)
     steps: np.ndarray  # [2n - 2] memory change of a chain: -step_free[0], step_alloc[1], -step_free[1], ...
+    blocks: tuple[int, ...]  # every weight block the iteration reads (a pipeline stage: only its own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class _Shape:
     wb_lo: list[int]
     wb_hi: list[int]
     pure_chain: bool  # slice j's only successor is j + 1, the last has none (blocks, layers)
+    blocks: tuple[int, ...]
 
 
 _SHAPES: dict[bytes, _Shape] = {}
@@ -103,7 +105,8 @@ def _build_shape(g: IterationGraph) -> _Shape:
                   [0] + np.cumsum(g.slice_count).tolist(), g.slice_count.tolist(), g.slice_first + g.slice_count - 1,
                   np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
                   np.maximum.reduceat(g.wblock, g.slice_first).tolist(),
-                  n > 0 and all(succs[j] == [j + 1] for j in range(n - 1)) and not succs[n - 1])
+                  n > 0 and all(succs[j] == [j + 1] for j in range(n - 1)) and not succs[n - 1],
+                  tuple(np.unique(g.wblock).tolist()))
 
 
 def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
@@ -124,7 +127,8 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
                     inter.tolist(), sh.wb_lo, sh.wb_hi, sh.chain, sh.nops, sh.chain_end,
                     tuple(zip(range(base + 1, base + n))) + ((),) if sh.pure_chain else _shifted(sh.succs, base),
-                    sh.npreds, sh.nops_prefix, step_free, step_alloc, np.arange(base, base + g.num_slices), steps)
+                    sh.npreds, sh.nops_prefix, step_free, step_alloc, np.arange(base, base + g.num_slices), steps,
+                    sh.blocks)
 
 
 def _shifted(succs: tuple[tuple[int, ...], ...], base: int) -> tuple[tuple[int, ...], ...]:

@@ -197,7 +197,7 @@ class SegmentMixin:
         return j + int(bad.argmax()) if bad.any() else cap
 
     def _weights_reach(self: Any, info: "IterInfo", j: int, m: int, g: int, devs: tuple[int, ...]) -> int:
-        if self._wok.get((info.tenant, g)) == self._wver:
+        if self._wok.get((info.tenant, g)) == self._wver or self._wok.get((info.tenant, g, info.blocks)) == self._wver:
             return m
         res = self.gmg.resident[info.tenant][:, list(devs)]
         for i in range(j + 1, m + 1):

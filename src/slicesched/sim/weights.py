@@ -34,7 +34,7 @@ class WeightsMixin:
     def _weights_ready(self: Any, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> bool:
         """True when the slice's weight blocks are on its devices; False when it must wait for a
         copy in flight (it is parked and re-queued when the copy lands)."""
-        if self._wok.get((info.tenant, g)) == self._wver:
+        if self._wok.get((info.tenant, g)) == self._wver or self._wok.get((info.tenant, g, info.blocks)) == self._wver:
             return True
         res = self.gmg.resident[info.tenant]
         lo, hi = info.wb_lo[j], info.wb_hi[j]
@@ -42,6 +42,8 @@ class WeightsMixin:
         if (sub > 0).all():
             if (res[:, list(devs)] > 0).all():
                 self._wok[(info.tenant, g)] = self._wver
+            elif (res[list(info.blocks)][:, list(devs)] > 0).all():  # all this iteration reads (a stage's)
+                self._wok[(info.tenant, g, info.blocks)] = self._wver
             return True
         b, k = (int(v) for v in np.argwhere(sub <= 0)[0])
         miss = (info.tenant, lo + b, devs[k])
