@@ -158,7 +158,7 @@ def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
     assert sim.gmg._next_key > 50 and not sim.log.iterations  # recording nothing, it keeps no rows
     assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
-    assert len(sim._sh.timing._timings) <= len(TENANTS)
+    assert len(sim._sh.timing._timings) <= len(TENANTS) and len(sim._sh.timing._ops) <= len(TENANTS)
 
 
 def test_a_fork_and_its_parent_add_iterations_without_seeing_each_other() -> None:

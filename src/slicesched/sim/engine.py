@@ -156,9 +156,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         `home` is the group of the engine replica that formed it (see GMG.add_iteration)."""
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self._tracked[h.key] = graph.tenant
-        if home >= 0:  # its structure and price at home, once, not in the first what-if that places it
+        if home >= 0:  # its structure and op prices at home, once, not in the first what-if that places it
             info, _ = self._info_of(h.slice_base)
-            self._sh.timing.get(h.key, graph, info.model, home)
+            self._sh.timing.ops(h.key, graph, info.model, home)
         return h
 
     def execute(self, decision: SchedulerDecision, until: float = INF,
@@ -815,14 +815,13 @@ class Simulator(SegmentMixin, WeightsMixin):
         return t
 
     def _timing_uncached(self, info: IterInfo, g: int) -> SliceTiming:
-        base = self._sh.timing.get(info.key, info.graph, info.model, g)
         p = self.perturbation
         if p is None:
-            return base
+            return self._sh.timing.get(info.key, info.graph, info.model, g)
         k = (info.key, self._sh.timing.variant(g))
         t = self._perturbed.get(k)
         if t is None:
-            t = self._perturbed[k] = p.perturb(base, info.key, k[1])
+            t = self._perturbed[k] = p.perturb(*self._sh.timing.ops(info.key, info.graph, info.model, g), *k)
         return t
 
     # ==== state identity (incremental re-simulation) ======================================
