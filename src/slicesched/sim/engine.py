@@ -681,10 +681,12 @@ class Simulator(SegmentMixin, WeightsMixin):
         if (state > _READY).any():
             raise ValueError(f"placement of slice {int(ids[state > _READY][0])}: already started")
         ev: list[Event] = []
-        committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
-        for x in ids[self.gmg.raw("group")[idx] >= 0].tolist():
-            if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
-                ev += self._unplace(x)
+        remapped = ids[self.gmg.raw("group")[idx] >= 0].tolist()  # none for a fresh iteration
+        if remapped:
+            committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
+            for x in remapped:
+                if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
+                    ev += self._unplace(x)
         self.gmg.map(int(ids[0]), g, len(ids))
         some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[ids - info.base]
         for x in ids[(state == _READY) | some_pred_done].tolist():
