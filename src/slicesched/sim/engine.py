@@ -131,6 +131,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._weights_seen = gmg.weights_version
         self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self._owner = True  # owns the shared caches (forks and checkpoints do not)
+        self._forked = False  # has handed out a fork (what-ifs will read the cost model's timings)
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
         self._deferred: list[Event] = []
@@ -156,9 +157,12 @@ class Simulator(SegmentMixin, WeightsMixin):
         `home` is the group of the engine replica that formed it (see GMG.add_iteration)."""
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self._tracked[h.key] = graph.tenant
-        if home >= 0:  # its structure and op prices at home, once, not in the first what-if that places it
+        if home >= 0:  # its structure and price at home, once, not in the first what-if that places it
             info, _ = self._info_of(h.slice_base)
-            self._sh.timing.ops(h.key, graph, info.model, home)
+            # the slice sums only once this simulator has forked: a replay that never asks a
+            # what-if needs just the op prices its noise multiplies
+            timing = self._sh.timing
+            (timing.get if self._forked else timing.ops)(h.key, graph, info.model, home)
         return h
 
     def execute(self, decision: SchedulerDecision, until: float = INF,
@@ -374,6 +378,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         slices re-timed to their predicted ends) and runs chains as segments."""
         if self.perturbation is not None and self._nseg:
             self._dissolve_segments()  # see `_copy`; before the key, which the split changes
+        self._forked = True
         key = (self._stamp, self._ver, self.gmg.weights_version)
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
@@ -879,7 +884,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._tcache = {}
         f._weights_seen = f.gmg.weights_version
         f._fork_plan = None
-        f._owner = False
+        f._owner, f._forked = False, False
         f._reads, f._soft, f.on_event = None, None, None
         f._watch, f._hits = None, None
         f._init_outputs(self._tracked)
