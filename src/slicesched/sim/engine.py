@@ -822,13 +822,15 @@ class Simulator(SegmentMixin, WeightsMixin):
         return t
 
     def _timing_uncached(self, info: IterInfo, g: int) -> SliceTiming:
-        p = self.perturbation
-        if p is None:
-            return self._sh.timing.get(info.key, info.graph, info.model, g)
-        k = (info.key, self._sh.timing.variant(g))
+        p, timing = self.perturbation, self._sh.timing
+        if p is None or self._forked:  # what-ifs re-time it from the cost model's slice sums
+            base = timing.get(info.key, info.graph, info.model, g)
+            if p is None:
+                return base
+        k = (info.key, timing.variant(g))
         t = self._perturbed.get(k)
         if t is None:
-            t = self._perturbed[k] = p.perturb(*self._sh.timing.ops(info.key, info.graph, info.model, g), *k)
+            t = self._perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
         return t
 
     # ==== state identity (incremental re-simulation) ======================================
