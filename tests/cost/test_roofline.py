@@ -1,4 +1,7 @@
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slicesched.cost import COST_MODELS, RooflineCostModel, make_cost_model
 from slicesched.gmg import BatchShape, OpKind, build_iteration
@@ -83,3 +86,46 @@ def test_per_token_kernels_are_bound_by_sm_throughput_not_hbm():
     norm, add = g.kind == OpKind.NORM, g.kind == OpKind.RESIDUAL_ADD
     assert (a40[norm] / a100[norm]).max() < 1.6
     assert (a40[add] / a100[add]).min() > 2.5
+
+
+def _scalar_times(cm: RooflineCostModel, g, dev, link) -> list[float]:
+    """The roofline op by op in plain floats: the oracle for the vectorized, cached model."""
+    from slicesched.cost.roofline import _BYTES_PER_SM_CYCLE, _MEM_EFF
+    from slicesched.gmg.ops import GEMM_KINDS
+    rows, seqs = float(max(g.shape.num_tokens, 1)), g.shape.logits_seqs
+    decode = bool((g.shape.new_tokens <= 1).all())
+    out = []
+    for i, k in enumerate(g.kind.tolist()):
+        kind = OpKind(k)
+        eff, floor = 0.25, dev.launch_overhead_s
+        if k in GEMM_KINDS.tolist():
+            eff, floor = cm.gemm_peak_eff * rows / (rows + cm.gemm_half_rows), max(cm.gemm_floor_s, floor)
+        if kind == OpKind.LM_HEAD:
+            eff = cm.gemm_peak_eff * seqs / (seqs + cm.gemm_half_rows)
+        if kind == OpKind.ATTENTION:
+            eff = cm.attn_decode_compute_eff if decode else cm.attn_compute_eff
+            floor = max(cm.attn_floor_s, floor)
+        bw = dev.mem_bandwidth * _MEM_EFF.get(kind, cm.mem_eff)
+        if dev.sm_cycles_per_s > 0:
+            bw = min(bw, dev.sm_cycles_per_s * _BYTES_PER_SM_CYCLE.get(kind, float("inf")))
+        t = max(float(g.flops[i]) / (dev.peak_flops * eff), float(g.bytes_read[i] + g.bytes_written[i]) / bw) + floor
+        if g.comm_bytes[i] > 0:
+            t = cm.allreduce_time(float(g.comm_bytes[i]), g.tp, link)
+        out.append(t)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["llama-2-70b", "llama-3-8b", "mixtral-8x7b"]), st.sampled_from([1, 2, 4]),
+       st.lists(st.tuples(st.integers(1, 600), st.integers(0, 4000)), min_size=1, max_size=12),
+       st.integers(1, 12))
+def test_op_times_equal_the_formula_op_by_op(model, tp, seqs, logits):
+    """Per-kind structure is cached by the identity of a template's kind array, the model and the
+    device: pricing one template on two devices and under two models must never mix them up."""
+    new = np.array([n if i % 2 else 1 for i, (n, _) in enumerate(seqs)], np.int64)
+    shape = BatchShape(new, np.array([c for _, c in seqs], np.int64), min(logits, len(seqs)))
+    g = build_iteration(model_spec(model), shape, tp)
+    link = LINKS["nvlink3"]
+    for cm in (RooflineCostModel(), RooflineCostModel(gemm_floor_s=9e-6, attn_floor_s=30e-6)):
+        for dev in (DEVICES["A100-80GB"], H100):
+            np.testing.assert_array_equal(cm.op_times(g, dev, link), _scalar_times(cm, g, dev, link))

@@ -168,7 +168,7 @@ def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
     assert sim.gmg._next_key > 50 and not sim.log.iterations  # recording nothing, it keeps no rows
     assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
-    assert len(sim._sh.timing._timings) <= len(TENANTS)
+    assert len(sim._sh.timing._timings) <= len(TENANTS) and len(sim._sh.timing._ops) <= len(TENANTS)
 
 
 def test_a_fork_and_its_parent_add_iterations_without_seeing_each_other() -> None:
@@ -237,3 +237,22 @@ def test_reading_the_gmg_after_a_step_shows_what_eager_writes_would() -> None:
     assert np.array_equal(lazy.gmg.running_on, eager.gmg.running_on)
     assert np.array_equal(lazy.gmg.mem_act, eager.gmg.mem_act)
     assert np.array_equal(lazy.peak_memory(), eager.peak_memory())
+
+
+def test_an_iteration_is_priced_for_what_ifs_only_once_the_simulator_has_forked() -> None:
+    """A replay that never forks keeps only the op prices its noise multiplies; once it has
+    forked, each new iteration's cost-model timing is made when it is added, not in a what-if."""
+    m, devs = TENANTS["b"]
+    gmg = world(TENANTS, per_node=4, everywhere=True)
+    sim = Simulator(gmg, COST, perturbation=Perturbation(5), record=False)
+    home = gmg.cluster.group_id(devs)
+    timing = sim._sh.timing
+
+    def add() -> int:
+        return sim.add_iteration(build_iteration(m, BatchShape.decode(8, 64), tp=len(devs), tenant="b"), home=home).key
+
+    k1 = add()
+    assert any(k[0] == k1 for k in timing._ops) and not any(k[0] == k1 for k in timing._timings)
+    sim.fork()
+    k2 = add()
+    assert any(k[0] == k2 for k in timing._timings)

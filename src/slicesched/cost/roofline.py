@@ -53,32 +53,50 @@ class RooflineCostModel:
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
-        kind = graph.kind
+        code, bandwidth, floor = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
-        compute_eff = np.full(len(kind), 0.25)  # element-wise work runs on CUDA cores
-        gemm_eff = self.gemm_peak_eff * rows / (rows + self.gemm_half_rows)
-        gemm = _IS_GEMM[kind]
-        compute_eff[gemm] = gemm_eff
-        head = kind == OpKind.LM_HEAD
-        compute_eff[head] = self.gemm_peak_eff * graph.shape.logits_seqs / (
-            graph.shape.logits_seqs + self.gemm_half_rows)
-        attn = kind == OpKind.ATTENTION
+        seqs = graph.shape.logits_seqs
         decode = bool((graph.shape.new_tokens <= 1).all())
-        compute_eff[attn] = self.attn_decode_compute_eff if decode else self.attn_compute_eff
-        mem_eff, per_cycle = _lookups(self.mem_eff)
-        bandwidth = device.mem_bandwidth * mem_eff[kind]
-        if device.sm_cycles_per_s > 0:
-            bandwidth = np.minimum(bandwidth, device.sm_cycles_per_s * per_cycle[kind])
+        # compute efficiency by `code`: element-wise work runs on CUDA cores; GEMMs ramp with
+        # their rows; the LM head with the sequences it computes logits for; attention
+        compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
+                                self.gemm_peak_eff * seqs / (seqs + self.gemm_half_rows),
+                                self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(code)
         t_compute = graph.flops / (device.peak_flops * compute_eff)
         t_mem = (graph.bytes_read + graph.bytes_written) / bandwidth
-        floor = np.full(len(kind), device.launch_overhead_s)
-        floor[gemm] = max(self.gemm_floor_s, device.launch_overhead_s)
-        floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
-        t = np.maximum(t_compute, t_mem) + floor
+        t = np.maximum(t_compute, t_mem)
+        t += floor
         comm = graph.comm_bytes > 0
         if comm.any():
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
         return t
+
+    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What depends on the op kinds alone: efficiency class (0 element-wise, 1 GEMM, 2 LM
+        head, 3 attention), achieved bandwidth and floor per op. Cached by the identity of a
+        read-only kind array (a builder template's, shared by all its graphs) and of the model
+        and device; a writable one is computed each time."""
+        key = (id(kind), id(self), id(device))
+        hit = _PER_KIND.get(key)
+        if hit is not None and hit[0] is kind and hit[1] is self and hit[2] is device:
+            return hit[3]
+        code = np.where(_IS_GEMM[kind], 1, 0)
+        code[kind == OpKind.LM_HEAD] = 2
+        attn = kind == OpKind.ATTENTION
+        code[attn] = 3
+        mem_eff, per_cycle = _lookups(self.mem_eff)
+        bandwidth = device.mem_bandwidth * mem_eff[kind]
+        if device.sm_cycles_per_s > 0:
+            bandwidth = np.minimum(bandwidth, device.sm_cycles_per_s * per_cycle[kind])
+        floor = np.full(len(kind), device.launch_overhead_s)
+        floor[_IS_GEMM[kind]] = max(self.gemm_floor_s, device.launch_overhead_s)
+        floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
+        out = (code, bandwidth, floor)
+        if not kind.flags.writeable:
+            if len(_PER_KIND) > 256:
+                _PER_KIND.clear()
+            _PER_KIND[key] = (kind, self, device, out)  # keeps them alive: their ids stay theirs
+        return out
 
     def transfer_time(self, nbytes: float, link: LinkSpec) -> float:
         if nbytes <= 0:
@@ -101,6 +119,7 @@ class RooflineCostModel:
 
 
 _LOOKUPS: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+_PER_KIND: dict[tuple[int, int, int], tuple] = {}  # see RooflineCostModel._per_kind
 
 
 def _lookups(default: float) -> tuple[np.ndarray, np.ndarray]:

@@ -578,7 +578,7 @@ class GlobalMappingGraph:
             else:
                 ids = np.arange(first, first + k - 1) & m
                 nxt = (ids + 1) & m
-            c["state"][ids] = SliceState.DONE
+            c["state"][ids] = _DONE
             c["start_t"][ids] = starts[:-1]
             c["end_t"][ids] = ends[:-1]
             c["preds_left"][nxt] = 0

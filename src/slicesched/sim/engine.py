@@ -131,6 +131,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._weights_seen = gmg.weights_version
         self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self._owner = True  # owns the shared caches (forks and checkpoints do not)
+        self._forked = False  # has handed out a fork (what-ifs will read the cost model's timings)
         self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
         self._nseg = 0
         self._deferred: list[Event] = []
@@ -166,7 +167,10 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._tracked[h.key] = graph.tenant
         if home >= 0:  # its structure and price at home, once, not in the first what-if that places it
             info, _ = self._info_of(h.slice_base)
-            self._sh.timing.get(h.key, graph, info.model, home)
+            # the slice sums only once this simulator has forked: a replay that never asks a
+            # what-if needs just the op prices its noise multiplies
+            timing = self._sh.timing
+            (timing.get if self._forked else timing.ops)(h.key, graph, info.model, home)
         return h
 
     def execute(self, decision: SchedulerDecision, until: float = INF,
@@ -391,6 +395,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         slices re-timed to their predicted ends) and runs chains as segments."""
         if self.perturbation is not None and self._nseg:
             self._dissolve_segments()  # see `_copy`; before the key, which the split changes
+        self._forked = True
         key = (self._stamp, self._ver, self.gmg.weights_version)
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
@@ -699,10 +704,12 @@ class Simulator(SegmentMixin, WeightsMixin):
         if (state > _READY).any():
             raise ValueError(f"placement of slice {int(ids[state > _READY][0])}: already started")
         ev: list[Event] = []
-        committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
-        for x in ids[self.gmg.raw("group")[idx] >= 0].tolist():
-            if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
-                ev += self._unplace(x)
+        remapped = ids[self.gmg.raw("group")[idx] >= 0].tolist()  # none for a fresh iteration
+        if remapped:
+            committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
+            for x in remapped:
+                if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
+                    ev += self._unplace(x)
         self.gmg.map(int(ids[0]), g, len(ids))
         some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[ids - info.base]
         for x in ids[(state == _READY) | some_pred_done].tolist():
@@ -833,14 +840,15 @@ class Simulator(SegmentMixin, WeightsMixin):
         return t
 
     def _timing_uncached(self, info: IterInfo, g: int) -> SliceTiming:
-        base = self._sh.timing.get(info.key, info.graph, info.model, g)
-        p = self.perturbation
-        if p is None:
-            return base
-        k = (info.key, self._sh.timing.variant(g))
+        p, timing = self.perturbation, self._sh.timing
+        if p is None or self._forked:  # what-ifs re-time it from the cost model's slice sums
+            base = timing.get(info.key, info.graph, info.model, g)
+            if p is None:
+                return base
+        k = (info.key, timing.variant(g))
         t = self._perturbed.get(k)
         if t is None:
-            t = self._perturbed[k] = p.perturb(base, info.key, k[1])
+            t = self._perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
         return t
 
     # ==== state identity (incremental re-simulation) ======================================
@@ -896,7 +904,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._tcache = {}
         f._weights_seen = f.gmg.weights_version
         f._fork_plan = None
-        f._owner = False
+        f._owner, f._forked = False, False
         f._reads, f._soft, f.on_event = None, None, None
         f._watch, f._hits = None, None
         f._init_outputs(self._tracked)

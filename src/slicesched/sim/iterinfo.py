@@ -58,6 +58,7 @@ class _Shape:
     nops_prefix: list[int]
     nops: list[int]
     last: np.ndarray  # last op of each slice
+    prev: np.ndarray  # j - 1 (0 for slice 0): where the output a chain step frees comes from
     wb_lo: list[int]
     wb_hi: list[int]
     pure_chain: bool  # slice j's only successor is j + 1, the last has none (blocks, layers)
@@ -103,6 +104,7 @@ def _build_shape(g: IterationGraph) -> _Shape:
     npreds = np.array([len(p) for p in preds], np.int32)
     return _Shape(tuple(map(tuple, preds)), tuple(map(tuple, succs)), chain, chain_end, npreds, npreds > 0,
                   [0] + np.cumsum(g.slice_count).tolist(), g.slice_count.tolist(), g.slice_first + g.slice_count - 1,
+                  np.maximum(np.arange(n) - 1, 0),
                   np.minimum.reduceat(g.wblock, g.slice_first).tolist(),
                   np.maximum.reduceat(g.wblock, g.slice_first).tolist(),
                   n > 0 and all(succs[j] == [j + 1] for j in range(n - 1)) and not succs[n - 1],
@@ -119,7 +121,7 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
     out = g.out_bytes[last]
     base, n = it.base, g.num_slices
-    step_free = inter + np.where(sh.has_pred, np.concatenate([[0.0], out[:-1]]), 0.0)
+    step_free = inter + np.where(sh.has_pred, out.take(sh.prev), 0.0)
     step_alloc = inter + out
     steps = np.empty(2 * max(g.num_slices - 1, 0))
     np.negative(step_free[:-1], out=steps[0::2])

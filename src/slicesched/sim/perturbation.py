@@ -47,17 +47,19 @@ class Perturbation:
         if self.duration_cv < 0 or self.interference < 0:
             raise ValueError("Perturbation: duration_cv and interference must be >= 0")
 
-    def perturb(self, base: SliceTiming, key: int, variant: Variant) -> SliceTiming:
-        """`base` with every op duration multiplied by its seeded lognormal factor."""
+    def perturb(self, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray, key: int,
+                variant: Variant) -> SliceTiming:
+        """The timing of ops `op_dur` (slices `first`, `count`) with every op duration multiplied
+        by its seeded lognormal factor."""
         if self.duration_cv == 0:
-            return base
+            return SliceTiming.from_ops(op_dur, first, count)
         mean, sigma = _lognormal(self.duration_cv)
         tag = _tag(variant)
         # = np.random.default_rng((seed, key, tag)), without its per-call overhead (a replay
         # draws once per iteration)
         rng = _Generator(_PCG64((self.seed, key, tag)))
-        noise = rng.lognormal(mean, sigma, len(base.op_dur))
-        return SliceTiming.from_ops(base.op_dur * noise, base.slice_first, base.slice_count)
+        noise = rng.lognormal(mean, sigma, len(op_dur))
+        return SliceTiming.from_ops(op_dur * noise, first, count)
 
     def slowdown(self, co_located: int) -> float:
         return 1.0 + self.interference * co_located

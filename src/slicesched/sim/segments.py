@@ -33,6 +33,8 @@ from slicesched.sim.events import Event, Prio
 from slicesched.sim.memory import ACT
 from slicesched.sim.timing import SliceTiming
 
+_SLICE_END = int(Prio.SLICE_END)  # a plain int: heap keys compare it (cheaper than an IntEnum)
+
 if TYPE_CHECKING:
     from slicesched.sim.engine import Run
     from slicesched.sim.iterinfo import IterInfo
@@ -86,7 +88,7 @@ class SegmentMixin:
     def _try_segment(self: Any, s: int, run: "Run", devs: tuple[int, ...]) -> list[Event]:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
-        plain = [(run.end, Prio.SLICE_END, s, run.version)]
+        plain = [(run.end, _SLICE_END, s, run.version)]
         if self._watch is not None and g in self._watch:  # its driver hears of every slice here
             return plain
         seg_on = self._seg_on
@@ -124,7 +126,7 @@ class SegmentMixin:
         for d in devs:
             self._seg_on[d] = key
         self._nseg += 1
-        return (float(seg.ends[-1]), Prio.SLICE_END, key, run.version)
+        return (float(seg.ends[-1]), _SLICE_END, key, run.version)
 
     def _chain_steps(self: Any, c: Chain, g: int, devs: tuple[int, ...]) -> int:
         """How many steps chain c can take here; every one but the last ends locally."""
@@ -155,14 +157,14 @@ class SegmentMixin:
             dur = dur * scale
         if not all(c.timing.all_positive for c in chains) and not (dur > 0).all():
             return None  # zero-length steps would tie with each other; keep them per-slice
-        traj = np.cumsum(steps)  # bytes in use relative to the start, after each free and alloc
+        traj = steps.cumsum()  # bytes in use relative to the start, after each free and alloc
         top = np.maximum.accumulate(traj)
         last = self._memory_reach(last, top, devs)
         if last == 0:
             return None
         ends = dur[: last + 1].copy()
         ends[0] = run.end  # step 0 ends where it was due
-        np.cumsum(ends, out=ends)
+        ends.cumsum(out=ends)
         starts = np.empty(last + 1)
         starts[0], starts[1:] = run.start, ends[:-1]
         cut = slice(0, last + 1)
@@ -227,7 +229,7 @@ class SegmentMixin:
 
     def _split(self: Any, key: int, run: "Run") -> None:
         cur = self._materialize(key, run, full=False)
-        self._deferred.append((cur.end, Prio.SLICE_END, cur.info.base + cur.local, cur.version))
+        self._deferred.append((cur.end, _SLICE_END, cur.info.base + cur.local, cur.version))
 
     def _materialize(self: Any, key: int, run: "Run", full: bool) -> "Run":
         """Write out the steps that precede the current event (all but the last when `full`, at

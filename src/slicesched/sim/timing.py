@@ -36,7 +36,6 @@ class SliceTiming:
     slice_count: np.ndarray  # int32 [num_slices]
     slice_dur: list[float]  # per slice, sum of its ops
     slice_arr: np.ndarray  # the same as an array
-    slice_prefix: np.ndarray  # float64 [num_slices + 1], running sum of slice_dur
     all_positive: bool = True  # every slice takes some time (segments need it; checked once here)
 
     @classmethod
@@ -46,10 +45,7 @@ class SliceTiming:
         np.cumsum(op_dur, out=cum[1:])
         per_slice = cum.take(first + count)
         per_slice -= cum.take(first)
-        prefix = np.empty(len(per_slice) + 1)
-        prefix[0] = 0.0
-        np.cumsum(per_slice, out=prefix[1:])
-        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, prefix, bool(per_slice.min(initial=1.0) > 0))
+        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, bool(per_slice.min(initial=1.0) > 0))
 
     def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Start and end of every op of slice `local` that started at `start` (ops run back to back)."""
@@ -76,6 +72,7 @@ class TimingCache:
         self.cluster = cluster
         self._by_group: dict[int, tuple[Variant, DeviceSpec, LinkSpec]] = {}
         self._timings: dict[tuple[int, Variant], SliceTiming] = {}
+        self._ops: dict[tuple[int, Variant], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def variant(self, group: int) -> Variant:
         v = self._by_group.get(group)
@@ -87,16 +84,27 @@ class TimingCache:
         variant = self.variant(group)
         t = self._timings.get((key, variant))
         if t is None:
+            t = self._timings[(key, variant)] = SliceTiming.from_ops(*self.ops(key, graph, model, group))
+        return t
+
+    def ops(self, key: int, graph: IterationGraph, model: ModelSpec,
+            group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(op durations, slice first ops, slice op counts) on the group's variant: the cost
+        model's price alone, without the slice sums `get` adds (a perturbed replay sums its own
+        noisy durations and needs these only as their base)."""
+        variant = self.variant(group)
+        o = self._ops.get((key, variant))
+        if o is None:
             _, spec, link = self._by_group[group]
             g = graph_for_size(graph, model, variant[0])
-            t = SliceTiming.from_ops(self.cost.op_times(g, spec, link), g.slice_first, g.slice_count)
-            self._timings[(key, variant)] = t
-        return t
+            o = self._ops[(key, variant)] = (self.cost.op_times(g, spec, link), g.slice_first, g.slice_count)
+        return o
 
     def forget(self, key: int) -> None:
         """Drop an iteration's timings (it finished)."""
         for v in list(self._by_group.values()):
             self._timings.pop((key, v[0]), None)
+            self._ops.pop((key, v[0]), None)
 
 
 def graph_for_size(graph: IterationGraph, model: ModelSpec, size: int) -> IterationGraph:
