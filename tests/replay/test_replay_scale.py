@@ -52,7 +52,7 @@ def test_a_longer_day_replay_holds_no_more_live_state() -> None:
     short, long = _replayed(10.0), _replayed(30.0)
     assert len(long.requests) > 2 * len(short.requests) and long.iterations > short.iterations
     for d in (short, long):
-        sim = d.sim
+        sim = d.backend  # the default backend: the simulator
         assert not d.inflight and not d.gmg.iterations
         assert len(sim._sh.infos) == len(sim._sh.timing._ops) == len(sim._sh.timing._timings) == 0
         assert len(sim._tcache) == len(sim._perturbed) == 0
