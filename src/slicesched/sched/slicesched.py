@@ -25,6 +25,12 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
   iteration ends at least `min_gain_frac` sooner and every live lender iteration ends at most
   `lender_slack_frac` x its TPOT SLO later than without the loan. With no lender work live the
   verdict depends only on the shape and hardware and is reused for `whatif_reuse_s`.
+- *Overflow replicas* (every `check_interval_s`): a hot tenant (forecast at least
+  `guest_min_forecast`) with none gets a `GuestStart`, its whole replica at its own degree on
+  calm devices of any one node (the lender rules; weights from host memory; memory what-if
+  first); the driver routes arrivals there by predicted TTFT once its weights are resident; it
+  drains by the lease rules or when its tenant calms. No lease or guest before a whole
+  `idle_window_s` of history; lenders keep `kv_headroom` x their recent peak KV use.
 - The lender has priority: when its own iteration appears the check is re-run and, unless the
   loan stays inside its slack, the borrower's unstarted slices are mapped back home (the lender
   gets its devices at the next slice boundary); when the lender is idle again they may go wide.
