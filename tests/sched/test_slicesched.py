@@ -120,6 +120,21 @@ def test_no_staging_on_a_busy_lender_or_for_an_idle_tenant():
     assert s.schedule(g, sim.now).shard_stages == ()
 
 
+def test_a_lull_in_a_busy_lenders_work_is_no_lease():
+    g, sim = two_tenants()
+    cold = g.cluster.group_id((1,))
+    while sim.now < 6.0:  # cold's own prefills keep its device busy for five seconds
+        h = sim.add_iteration(build_iteration(M, BatchShape.prefill(8192), tenant="cold"), home=cold)
+        sim.execute(SchedulerDecision(sim.now, (SlicePlacement(h.slice_base, cold, h.num_slices),)))
+        sim.run()
+        sim.retire(h.key)
+    lull = sim.now + 1.5  # then idle for longer than the idle window
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    assert s.schedule(g, lull).shard_stages == ()  # idle over the last second, busy over the last ten
+    assert len(s.schedule(g, sim.now + 10.0).shard_stages) == 1  # idle over both: it lends
+
+
 def test_devices_are_borrowed_on_the_borrowers_node_only():
     # hot on node 0, the idle device on node 1: no lease (tensor parallel stays inside a node)
     g, sim = two_tenants(nodes=2, per_node=1)

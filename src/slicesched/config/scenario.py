@@ -205,6 +205,8 @@ class SliceSchedConfig(_Strict):
     min_idle_share: float = Field(0.5, ge=0, le=1, description="a lender's devices must have been idle this "
                                   "share of the last idle_window_s")
     idle_window_s: float = Field(1.0, gt=0, description="window of the idle history that ranks lenders")
+    lender_history_s: float = Field(10.0, gt=0, description="a lease's lender devices must also have been idle "
+                                    "min_idle_share of this longer window (a busy tenant's lull does not lend)")
     forecast_weight: float = Field(0.05, gt=0, le=1, description="weight of each check's load in a tenant's "
                                    "load forecast (exponential average of requests per replica)")
     borrower_share: float = Field(0.5, ge=0, le=1, description="only tenants whose load forecast is at least "

@@ -507,7 +507,8 @@ class SliceScheduler(Scheduler):
             count[r.tenant] += 1
         per = {t: pressure[t] / count[t] for t in pressure}
         hottest = max(per, key=per.get) if per else None
-        idle = self._idle_share(gmg, now)
+        # idle now and over a longer history: a busy tenant's lull is no lender for a lease
+        idle = np.minimum(self._idle_share(gmg, now), self._idle_share(gmg, now, self.cfg.lender_history_s))
         fc = self._forecast
         out = []
         top = max(fc.values(), default=0.0)
@@ -649,8 +650,8 @@ class SliceScheduler(Scheduler):
         self.report.memory_rejections += not ok
         return ok
 
-    def _idle_share(self, gmg: GlobalMappingGraph, now: float) -> np.ndarray:
-        t0 = max(0.0, now - self.cfg.idle_window_s)
+    def _idle_share(self, gmg: GlobalMappingGraph, now: float, window: float | None = None) -> np.ndarray:
+        t0 = max(0.0, now - (window or self.cfg.idle_window_s))
         if now <= t0:
             return np.ones(gmg.cluster.num_devices)
         dev, s, e = gmg.idle_intervals_flat(t0, now)
