@@ -81,6 +81,11 @@ def _mlp_mask(model: str, tp: int, grain, n: int, graph: IterationGraph) -> np.n
     return m
 
 
+def _pool_bytes(r: ReplicaLoad) -> float:
+    """A replica's whole KV pool per device, from what it has free and the share in use."""
+    return r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9)
+
+
 def _bucket(x: int) -> int:
     return int(x).bit_length()
 
@@ -465,10 +470,7 @@ class SliceScheduler(Scheduler):
         out = []
         for ls in leases:
             hg = gmg.cluster.group_id(ls.home)
-            owners = [o for o in loads if set(o.devices) & set(ls.devices)]
-            lim = self.cfg.reclaim_forecast_frac * self._forecast.get(ls.tenant, 0.0)
-            need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or self._forecast.get(o.tenant, 0.0) > lim
-                       for o in owners)
+            need = self._lenders_need_back(ls.tenant, ls.devices, loads)
             top = max(self._forecast.values(), default=0.0)
             calm = (now - self._last_busy.get(hg, now) >= self.cfg.calm_release_s
                     or self._forecast.get(ls.tenant, 0.0) < self.cfg.borrower_share * top)  # others are hotter
@@ -483,6 +485,23 @@ class SliceScheduler(Scheduler):
                 self.report.releases += 1
                 del self._leases[hg]
         return tuple(out)
+
+    def _lenders_need_back(self, borrower: str, devices: tuple[int, ...], loads: list[ReplicaLoad]) -> bool:
+        """Does an owner of the lent devices want them back: its KV pool filling, or its load
+        forecast past `reclaim_forecast_frac` of the borrower's?"""
+        lim = self.cfg.reclaim_forecast_frac * self._forecast.get(borrower, 0.0)
+        return any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or self._forecast.get(o.tenant, 0.0) > lim
+                   for o in loads if not set(o.devices).isdisjoint(devices))
+
+    def _lender_candidates(self, r: ReplicaLoad, loads: list[ReplicaLoad], excluded: set[str]) -> list[ReplicaLoad]:
+        """Replicas that may lend to `r`'s tenant: calm now (at most `lender_max_load` requests,
+        KV under half the reclaim mark), forecast at most `lender_forecast_frac` of the
+        borrower's, not draining, of no tenant in `excluded`."""
+        fc = self._forecast
+        cap = self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
+        return [o for o in loads if o.tenant != r.tenant and o.tenant not in excluded and not o.draining
+                and fc.get(o.tenant, 0.0) <= cap and o.waiting + o.running <= self.cfg.lender_max_load
+                and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
 
     def _touches(self, gmg: GlobalMappingGraph, lease: _Lease) -> bool:
         """Is any unfinished slice mapped onto the lease's union group?"""
@@ -521,10 +540,7 @@ class SliceScheduler(Scheduler):
             tp = len(r.devices)
             if not _tp_ok(self.models[r.tenant], 2 * tp):
                 continue
-            cands = [o for o in loads if o.tenant != r.tenant and o.tenant != hottest and o.tenant not in borrowers
-                     and fc.get(o.tenant, 0.0) <= self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
-                     and not o.draining and o.waiting + o.running <= self.cfg.lender_max_load
-                     and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
+            cands = self._lender_candidates(r, loads, borrowers | {hottest})
             owner = {d: o.tenant for o in cands for d in o.devices}
             node = gmg.cluster.device_node[r.devices[0]]  # tensor parallel stays inside a node's fabric
             devs = sorted((d for o in cands for d in o.devices if gmg.cluster.device_node[d] == node
@@ -541,7 +557,7 @@ class SliceScheduler(Scheduler):
             if room < 0:
                 continue
             # the replica's KV pool per device, at the union's degree: its heads of every token
-            pool = r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9) * tp / (2 * tp)
+            pool = _pool_bytes(r) * tp / (2 * tp)
             mirror = min(room, pool)
             st = ShardStage(r.tenant, r.devices, chosen, r.devices, blocks, tuple(float(x) for x in shard), mirror)
             if not self._memory_safe(st.devices, st.weight_copies(), st.kv_mirror_bytes):
@@ -560,9 +576,7 @@ class SliceScheduler(Scheduler):
         fc, top = self._forecast, max(self._forecast.values(), default=0.0)
         out = []
         for g in guests:
-            owners = [o for o in loads if set(o.devices) & set(g.devices)]
-            lim = self.cfg.reclaim_forecast_frac * fc.get(g.tenant, 0.0)
-            need = any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or fc.get(o.tenant, 0.0) > lim for o in owners)
+            need = self._lenders_need_back(g.tenant, g.devices, loads)
             # hysteresis under the start rule: a restart copies the whole replica again
             calm = fc.get(g.tenant, 0.0) < 0.5 * max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)
             if need or calm:
@@ -576,7 +590,7 @@ class SliceScheduler(Scheduler):
         calm devices of any one node (the lenders' rules), ahead of need; the driver routes an
         arrival there when its predicted TTFT is the lowest."""
         fc, top = self._forecast, max(self._forecast.values(), default=0.0)
-        taken = taken | {d for ls in leases for d in ls.devices} | {d for g in guests for d in g.devices}
+        taken = taken | {d for ls in leases for d in ls.devices}  # guests' devices are in it already
         lenders_of = {ls.tenant for ls in leases} | {g.tenant for g in guests}
         hosted = {g.tenant for g in guests}
         idle = self._idle_share(gmg, now)
@@ -585,10 +599,7 @@ class SliceScheduler(Scheduler):
             if (r.tenant in hosted or r.tenant not in self.models or r.draining or not taken.isdisjoint(r.devices)
                     or fc.get(r.tenant, 0.0) < max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)):
                 continue
-            cands = [o for o in loads if o.tenant != r.tenant and o.tenant not in lenders_of and not o.draining
-                     and fc.get(o.tenant, 0.0) <= self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
-                     and o.waiting + o.running <= self.cfg.lender_max_load
-                     and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
+            cands = self._lender_candidates(r, loads, lenders_of)
             g = self._guest_for(gmg, r, cands, taken, idle)
             if g is None:
                 continue
@@ -604,8 +615,9 @@ class SliceScheduler(Scheduler):
         tp = len(r.devices)
         fc = self._forecast
         owner = {d: o for o in cands for d in o.devices}
-        weights = float(block_weight_bytes(model_spec(self.models[r.tenant]), tp).sum())
-        pool = r.kv_free_bytes / max(1.0 - r.kv_used_frac, 1e-9)  # the home replica's KV pool per device
+        blocks = block_weight_bytes(model_spec(self.models[r.tenant]), tp)
+        weights = float(blocks.sum())
+        pool = _pool_bytes(r)
         best = None
         for node in sorted({gmg.cluster.device_node[d] for d in owner}):
             devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken
@@ -621,8 +633,7 @@ class SliceScheduler(Scheduler):
                 # weights from the host cache: a copy out of the home replica would slow its own
                 # work for as long as it streams (servegen x0.839 seed 1: 11 more violations)
                 best = (key, GuestStart(r.tenant, tuple(sorted(devs)), (-1,) * tp, min(kv, pool)))
-        if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(
-                len(block_weight_bytes(model_spec(self.models[r.tenant]), tp))), best[1].kv_bytes):
+        if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None
         return best[1]
 
@@ -630,7 +641,7 @@ class SliceScheduler(Scheduler):
         """Bytes per device a lender may lend: `lend_frac` of its free KV pool beyond a headroom of
         `kv_headroom` x its peak use over the last `kv_peak_window_s` (a lender short of KV
         preempts its own requests before a release can give the memory back)."""
-        pool = o.kv_free_bytes / max(1.0 - o.kv_used_frac, 1e-9)
+        pool = _pool_bytes(o)
         peak = max((f for _, f in self._kv_seen.get(o.group, ())), default=o.kv_used_frac)
         return self.cfg.lend_frac * max(0.0, o.kv_free_bytes - self.cfg.kv_headroom * peak * pool)
 
