@@ -342,8 +342,10 @@ class SliceScheduler(Scheduler):
         horizon = min(self.cfg.horizon_s, 2.0 * self._home_estimate(gmg, key, lease) + 2e-3)
         try:
             watch = (key, *lender_keys)  # the forks run until these end: the verdict reads nothing later
-            home = self._predict(gmg, placed + self._mapping(gmg, key, lease, HOME), horizon, watch)
-            wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, mode), horizon, watch)
+            # forks of just the lease's devices and what reaches them: the verdict reads nothing else
+            focus = gmg.cluster.group(lease.union)
+            home = self._predict(gmg, placed + self._mapping(gmg, key, lease, HOME), horizon, watch, focus)
+            wide = self._predict(gmg, placed + self._mapping(gmg, key, lease, mode), horizon, watch, focus)
         except ValueError as e:
             # The fork re-times running work from the cost model alone, so it may already have
             # started a slice that reality has not: no verdict, and the iteration stays home.
@@ -401,12 +403,12 @@ class SliceScheduler(Scheduler):
         return float(self._cost.op_times(graph, spec, gmg.cluster.group_intra_link(lease.home_group)).sum())
 
     def _predict(self, gmg: GlobalMappingGraph, placements: list[SlicePlacement], horizon: float,
-                 watch: tuple[int, ...]):
+                 watch: tuple[int, ...], focus: tuple[int, ...]):
         import time
 
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
-        fork = self._view.whatif().fork()
+        fork = self._view.whatif().fork(focus)
         fork.apply(SchedulerDecision(fork.now, tuple(placements)))
         pred = fork.simulate(horizon, stop_after=watch)
         self.report.whatif_s += time.perf_counter() - t0
@@ -652,7 +654,9 @@ class SliceScheduler(Scheduler):
 
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
-        fork = self._view.whatif().fork()
+        # a fork of the copies' devices and what reaches them: the peaks read are theirs
+        fork = self._view.whatif().fork({d for c in copies for d in (c.src_device, c.dst_device) if d >= 0}
+                                        | set(devices))
         fork.apply(SchedulerDecision(fork.now, weight_copies=copies))
         pred = fork.simulate(self.cfg.stage_horizon_s)
         self.report.whatif_s += time.perf_counter() - t0

@@ -28,6 +28,7 @@ Execution model:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 from collections.abc import Collection, Sequence
 from typing import Callable, NamedTuple
@@ -128,6 +129,9 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._init_outputs()
         self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
         self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
+        self._spans: dict[int, tuple[int, ...]] = {}  # live iteration -> groups its slices were mapped to
+        self._focus: tuple[frozenset[int], set[int]] | None = None  # a focused fork's devices, iterations
+        self._reach_memo: tuple | None = None  # the last `_reach` (state, seed) and its answer
         self._weights_seen = gmg.weights_version
         self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self._owner = True  # owns the shared caches (forks and checkpoints do not)
@@ -216,7 +220,10 @@ class Simulator(SegmentMixin, WeightsMixin):
         if groups is _ALL:
             self._dissolve_segments()
             return
-        touched = {d for g in groups for d in self._devs(g)}
+        self._split_on_devices({d for g in groups for d in self._devs(g)})
+
+    def _split_on_devices(self, touched: Collection[int]) -> None:
+        """Split, at `now`, every segment running on one of these devices."""
         self._key = (self.now, 3, None)
         for key, run in sorted(self._running.items()):
             if run.seg is not None and not touched.isdisjoint(self._devs(run.group)):
@@ -261,6 +268,8 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._apply(decision)
 
     def _apply(self, decision: SchedulerDecision) -> None:
+        if self._focus is not None:
+            decision = self._within_focus(decision)
         ev: list[Event] = []
         for e in decision.evictions:
             self._evict(e)
@@ -270,6 +279,30 @@ class Simulator(SegmentMixin, WeightsMixin):
             ev += self._place(p)
         ev += self._dispatch()
         self._push(ev)
+
+    def _within_focus(self, decision: SchedulerDecision) -> SchedulerDecision:
+        """The part of a decision a focused fork acts on: what touches none of its devices is
+        left out; what would carry its work out of them (or bring outside work in) is an error."""
+        devs, keys = self._focus  # type: ignore[misc]
+        iteration, mask = self.gmg.raw("iteration"), self.gmg.mask
+
+        def keep(what: object, touched: set[int], key: int | None = None) -> bool:
+            inside = not touched.isdisjoint(devs)
+            if inside and touched <= devs:
+                return True
+            if inside or (key is not None and key in keys):
+                raise ValueError(f"{what}: reaches outside the fork's focus (devices {sorted(devs)})")
+            return False
+
+        places = []
+        for p in decision.placements:
+            key = int(iteration[p.first_slice & mask])
+            if keep(p, set(self._devs(p.group)), key):
+                keys.add(key)  # a fresh iteration placed inside is inside from now on
+                places.append(p)
+        copies = tuple(c for c in decision.weight_copies if keep(c, {d for d in (c.src_device, c.dst_device) if d >= 0}))
+        evictions = tuple(e for e in decision.evictions if keep(e, {e.device}))
+        return dataclasses.replace(decision, placements=tuple(places), weight_copies=copies, evictions=evictions)
 
     def step(self) -> bool:
         """Process the next event; False when none is left."""
@@ -363,6 +396,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         if not self.record and key >= self._kept_below:
             self._sh.infos.pop(key, None)
         self._sh.timing.forget(key)
+        self._spans.pop(key, None)
         for cache in (self._tcache, self._perturbed):
             for k in [k for k in cache if k[0] == key]:
                 del cache[k]
@@ -386,26 +420,72 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._tracked.pop(key, None)
         graph = self.gmg.abort(key)
         self._sh.infos.pop(key, None)
+        self._spans.pop(key, None)
         self._push(ev + self._dispatch())
         return graph
 
     # ==== prediction ===================================================================
-    def fork(self) -> "Simulator":
+    def fork(self, focus: Collection[int] | None = None) -> "Simulator":
         """An independent copy that predicts from the cost model alone (no perturbation; running
-        slices re-timed to their predicted ends) and runs chains as segments."""
-        if self.perturbation is not None and self._nseg:
-            self._dissolve_segments()  # see `_copy`; before the key, which the split changes
+        slices re-timed to their predicted ends) and runs chains as segments.
+
+        With `focus` (device ids), the fork holds only the work that can reach those devices:
+        every live iteration mapped onto one of them, with all the groups it spans, every
+        transfer into or out of them, and so on until nothing new is reached (`_reach`).
+        Devices interact only through shared slices, memory and transfers, so what is inside
+        evolves exactly as in an unfocused fork (same ends, same peaks), while the rest of the
+        cluster is left out: it makes no progress in the fork, and placements and copies given
+        to the fork for it alone are ignored. A what-if about one group then costs what that
+        group's work costs, not the whole cluster's."""
+        reach = None if focus is None else self._reach(frozenset(focus))
+        devs = None if reach is None else reach[0]
+        if self.perturbation is not None and self._nseg:  # see `_copy`; before the key, which the split changes
+            self._dissolve_segments() if devs is None else self._split_on_devices(devs)
         self._forked = True
-        key = (self._stamp, self._ver, self.gmg.weights_version)
+        key = (self._stamp, self._ver, self.gmg.weights_version, devs)
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
-            f = self._copy(keep_log=False, retime=False, segments=True, running=False)
+            f = self._copy(keep_log=False, retime=False, segments=True, running=False, focus=devs)
             f._running, f._seg_on, f._nseg, f._queue, f._heap = dict(tpl[1]), list(tpl[2]), tpl[3], list(tpl[4]), list(tpl[5])
         else:
-            f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True)
+            f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True, focus=devs)
             f._form_segments()
             self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
+        if reach is not None:
+            f._focus = (reach[0], set(reach[1]))
         return f
+
+    def _reach(self, seed: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
+        """The devices and live iterations a fork focused on `seed` must hold: grown from the
+        seed by every iteration mapped onto a reached device (all its groups' devices) and every
+        transfer touching one (both ends), until nothing new is reached."""
+        state = (self._stamp, self._ver, self.gmg.weights_version, seed)
+        memo = self._reach_memo
+        if memo is not None and memo[0] == state:  # a scheduler's forks of one state and focus
+            return memo[1]
+        devs_of = self._devs
+        spans: dict[int, set[int]] = {}
+        for key, groups in self._spans.items():
+            spans[key] = {d for g in groups for d in devs_of(g)}
+        for r in self._running.values():  # mapped before this simulator kept spans (restored states)
+            spans.setdefault(r.info.key, set()).update(devs_of(r.group))
+        links = self.net.links()
+        reach, keys = set(seed), set()
+        grown = True
+        while grown:
+            grown = False
+            for key, ds in spans.items():
+                if key not in keys and not reach.isdisjoint(ds):
+                    keys.add(key)
+                    grown |= not ds <= reach
+                    reach |= ds
+            for ds in links:
+                if not ds <= reach and not reach.isdisjoint(ds):
+                    reach |= ds
+                    grown = True
+        out = (frozenset(reach), frozenset(keys))
+        self._reach_memo = (state, out)
+        return out
 
     def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> Prediction:
         """Run `horizon_s` ahead and forecast (see `Prediction`). With `stop_after`, stop once
@@ -442,19 +522,27 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     # ==== event loop ===================================================================
     def _next_time(self) -> float:
-        h, running, flows = self._heap, self._running, self.net.flows
-        while h:
-            t, prio, key, ver = h[0]
-            if prio == _SLICE_END:
-                r = running.get(key)  # type: ignore[arg-type]
-                if r is not None and r.version == ver:
-                    return t
-            else:
-                f = flows.get(key)  # type: ignore[arg-type]
-                if f is not None and f.version == ver:
-                    return t
-            heapq.heappop(h)
-        return INF
+        h, running, net = self._heap, self._running, self.net
+        flows = net.flows
+        while True:
+            t = INF
+            while h:
+                t0, prio, key, ver = h[0]
+                if prio == _SLICE_END:
+                    r = running.get(key)  # type: ignore[arg-type]
+                    if r is not None and r.version == ver:
+                        t = t0
+                        break
+                else:
+                    f = flows.get(key)  # type: ignore[arg-type]
+                    if f is not None and f.version == ver:
+                        t = t0
+                        break
+                heapq.heappop(h)
+            if not net.dirty or t <= self.now:
+                return t
+            # every join and close at `now` is in: the flows they touched get their shares once
+            self._push(net.flush(self.now))
 
     def _process(self) -> None:
         ev = heapq.heappop(self._heap)
@@ -711,6 +799,9 @@ class Simulator(SegmentMixin, WeightsMixin):
                 if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
                     ev += self._unplace(x)
         self.gmg.map(int(ids[0]), g, len(ids))
+        span = self._spans.get(key, ())
+        if g not in span:
+            self._spans[key] = span + (g,)
         some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[ids - info.base]
         for x in ids[(state == _READY) | some_pred_done].tolist():
             ev += self._on_mapped(x, g, info)
@@ -861,7 +952,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         caches): two states with equal digests evolve identically from here."""
         running = tuple(sorted((s, r.group, r.start, r.end, r.info.key, r.local, r.scale, r.co, _seg_id(r.seg))
                                for s, r in self._running.items()))
-        flows = tuple(sorted(f.state() for f in self.net.flows.values()))
+        flows = tuple(sorted(f.state() for f in self.net.flows.values())) + tuple(sorted(self.net.dirty))
         mem = tuple(np.concatenate(self.mem.arrays).tolist())
         return (running, tuple(q[:3] for q in self._queue), tuple(sorted(self._outputs.items())),
                 tuple(sorted(self._inbound.items())), tuple(sorted(self._wwait.items())), flows, mem,
@@ -878,30 +969,36 @@ class Simulator(SegmentMixin, WeightsMixin):
                 and tuple(sorted(self._wwait.items())) == d[4]
                 and tuple(np.concatenate(self.mem.arrays).tolist()) == d[6]
                 and tuple(self.gmg.raw_ready().tolist()) == d[7]
-                and tuple(sorted(f.state() for f in self.net.flows.values())) == d[5]
+                and tuple(sorted(f.state() for f in self.net.flows.values())) + tuple(sorted(self.net.dirty)) == d[5]
                 and self.digest()[0] == d[0])
 
     # ==== copies =======================================================================
-    def _copy(self, keep_log: bool, retime: bool, segments: bool, running: bool = True) -> "Simulator":
+    def _copy(self, keep_log: bool, retime: bool, segments: bool, running: bool = True,
+              focus: frozenset[int] | None = None) -> "Simulator":
         """A full, independent copy of the state (a fork, or a checkpoint when keep_log); without
-        `running`, the caller sets the running slices and the heap itself."""
+        `running`, the caller sets the running slices and the heap itself. With `focus` (a
+        closed device set, see `_reach`), only the running and queued slices and the transfers
+        on those devices are copied."""
         if retime and self._nseg:
             # a segment's steps were timed with reality's noise and its Run describes the step
             # that formed it: split it (exactly; the next `execute` plans again) so that the copy
             # sees ordinary running slices it can re-time from the cost model
-            self._dissolve_segments()
+            self._dissolve_segments() if focus is None else self._split_on_devices(focus)
+        if self.net.dirty:  # the copy's heap is rebuilt from the flows' projected ends
+            self._push(self.net.flush(self.now))
         f = Simulator.__new__(Simulator)
         f._sh, f.gmg = self._sh, self.gmg.fork()
         f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown
         f.segments, f.now, f._ver, f._stamp, f._key = segments, self.now, self._ver, self._stamp, self._key
-        f._free, f._queue = list(self._free), list(self._queue)
+        inside = (lambda g: True) if focus is None else (lambda g: self._devs(g)[0] in focus)
+        f._free, f._queue = list(self._free), [q for q in self._queue if inside(q[2])]
         f._outputs, f._inbound, f._wwait = dict(self._outputs), dict(self._inbound), dict(self._wwait)
         f._wver, f._wok = self._wver, dict(self._wok)
-        f.net = self.net.copy()
+        f.net = self.net.copy(focus)
         f.mem = self.mem.fork(f.gmg, self.now)
         f.record, f._kept_below = True, 0
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
-        f._tcache = {}
+        f._tcache, f._spans, f._focus, f._reach_memo = {}, dict(self._spans), None, None
         f._weights_seen = f.gmg.weights_version
         f._fork_plan = None
         f._owner, f._forked = False, False
@@ -909,8 +1006,12 @@ class Simulator(SegmentMixin, WeightsMixin):
         f._watch, f._hits = None, None
         f._init_outputs(self._tracked)
         if running:
-            f._running = {s: self._retimed(r) for s, r in self._running.items()} if retime else dict(self._running)
+            runs = self._running if focus is None else {s: r for s, r in self._running.items() if inside(r.group)}
+            f._running = {s: self._retimed(r) for s, r in runs.items()} if retime else dict(runs)
             f._heap = f._rebuild_heap()
+            if focus is not None:  # segments outside stay the owner's
+                f._seg_on = [k if d in focus else None for d, k in enumerate(self._seg_on)]
+                f._nseg = sum(1 for r in f._running.values() if r.seg is not None)
         return f
 
     def _retimed(self, r: Run) -> Run:

@@ -11,7 +11,10 @@ a resource gets an equal share of it and a flow moves at the smallest share amon
 (equal split, not max-min water-filling: simpler, deterministic, and exact for the common case of
 flows that share one bottleneck). Whenever flows join or leave a resource, the other flows on it
 are brought up to date and get a new projected end, so their old end events go stale (a version
-number tells). Effective bandwidth and latency of a link come from the cost model, fitted on two
+number tells). The re-projection happens once per instant (`flush`, which the simulator calls
+before its clock moves on), not once per join or close: a stage's weight blocks open together,
+and re-sharing after each of n joins cost O(n^2); rates over a zero-length stretch move no bytes,
+so the result is the same to the bit. Effective bandwidth and latency of a link come from the cost model, fitted on two
 sizes, so a lone transfer takes exactly `cost.transfer_time(nbytes, link)`.
 """
 
@@ -107,17 +110,27 @@ class Network:
         self.paths = paths
         self.flows: dict[FlowKey, Flow] = {}
         self.on: dict[Resource, list[FlowKey]] = {}
+        self.dirty: set[Resource] = set()  # resources whose flows changed this instant (see flush)
+        self._links: set[frozenset[int]] | None = None  # device sets of the flows in flight (cache)
 
-    def copy(self) -> "Network":
+    def copy(self, focus: frozenset[int] | None = None) -> "Network":
+        """An independent copy; with `focus` (a device set no flow straddles), only the flows
+        into those devices (a flow's resources are its own devices', so no other flow shares them)."""
         n = Network(self.paths)
-        n.flows = {k: f.copy() for k, f in self.flows.items()}
-        n.on = {r: list(v) for r, v in self.on.items() if v}
+        if focus is None:
+            n.flows = {k: f.copy() for k, f in self.flows.items()}
+            n.on = {r: list(v) for r, v in self.on.items() if v}
+        else:
+            n.flows = {k: f.copy() for k, f in self.flows.items() if f.dst[0] in focus}
+            n.on = {r: v for r, v in ((r, [k for k in v if k in n.flows]) for r, v in self.on.items()) if v}
+        n.dirty = set(self.dirty)
         return n
 
     def open(self, flow: Flow, now: float) -> list[Event]:
         """Start a flow: its latency phase ends with an XFER_JOIN event."""
         flow.remaining, flow.last = flow.nbytes, now
         self.flows[flow.key] = flow
+        self._links = None
         return [(now + flow.latency, Prio.XFER_JOIN, flow.key, flow.version)]
 
     def join(self, key: FlowKey, now: float) -> list[Event]:
@@ -126,16 +139,25 @@ class Network:
         f.joined = True
         for r in f.resources:
             self.on.setdefault(r, []).append(key)
-        return self._reshare(f.resources, now)
+        self._mark(f.resources)
+        return []
 
     def close(self, key: FlowKey, now: float) -> tuple[Flow, list[Event]]:
         """Remove a finished (or cancelled) flow; the flows it shared with speed up."""
         f = self.flows.pop(key)
+        self._links = None
         if not f.joined:
             return f, []
         for r in f.resources:
             self.on[r].remove(key)
-        return f, self._reshare(f.resources, now)
+        self._mark(f.resources)
+        return f, []
+
+    def links(self) -> set[frozenset[int]]:
+        """The distinct device sets (source and destination devices) of the flows in flight."""
+        if self._links is None:
+            self._links = {frozenset(d for d in f.src + f.dst if d >= 0) for f in self.flows.values()}
+        return self._links
 
     def is_current(self, key: FlowKey, version: int) -> bool:
         f = self.flows.get(key)
@@ -145,8 +167,20 @@ class Network:
         """Flows in flight into or out of `device` (for interference)."""
         return sum(1 for f in self.flows.values() if device in f.dst or device in f.src)
 
-    def _reshare(self, resources: tuple[Resource, ...], now: float) -> list[Event]:
-        affected = sorted({k for r in resources for k in self.on.get(r, ())})
+    def _mark(self, resources: tuple[Resource, ...]) -> None:
+        """Flows on these resources get new shares at `flush`; their end events are stale now."""
+        dirty, flows = self.dirty, self.flows
+        for r in resources:
+            if r not in dirty:
+                dirty.add(r)
+                for k in self.on.get(r, ()):
+                    flows[k].version += 1
+
+    def flush(self, now: float) -> list[Event]:
+        """Give every flow on a changed resource its share and a new projected end (the end
+        events); call once all joins and closes at `now` are done, before time moves on."""
+        affected = sorted({k for r in self.dirty for k in self.on.get(r, ())})
+        self.dirty.clear()
         events = []
         cap, on = self.paths.capacity, self.on
         for k in affected:
