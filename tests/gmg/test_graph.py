@@ -230,3 +230,17 @@ def test_busy_log_merges_back_to_back_slices_of_one_tenant_only():
     got = sorted(zip(dev.tolist(), s.tolist(), e.tolist()))
     assert got == [(0, 0.0, 4.0), (0, 4.0, 5.0), (1, 0.0, 4.0), (1, 6.0, 7.0)]
     assert sorted(log.tenant.tolist()) == [0, 0, 0, 1] and log.n == 4
+
+
+def test_own_busy_share_counts_only_the_other_tenants_work_on_each_device():
+    g = make_gmg(devices=2, capacity=4096)
+    ha = g.add_iteration(it("a"))
+    g.map(ha.slice_base, 0, ha.num_slices)  # a works on device 0 for [1, 1 + n/10]
+    run_all(g, t=1.0, dt=0.1)
+    hb = g.add_iteration(it("b"))
+    g.map(hb.slice_base, 0, hb.num_slices)  # then b on the same device for 1 s
+    run_all(g, t=10.0, dt=1.0 / hb.num_slices)
+    shares = g.own_busy_share(0.0, 20.0, ["a", "b"])
+    assert shares["a"][0] == pytest.approx(1.0 / 20.0)  # lent to a: its owner b kept it busy 1 s
+    assert shares["b"][0] == pytest.approx(0.1 * ha.num_slices / 20.0)
+    assert shares["a"][1] == shares["b"][1] == 0.0

@@ -11,7 +11,7 @@ iterations costs nothing and the columns never need compaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -638,13 +638,17 @@ class GlobalMappingGraph:
             e = np.concatenate([e, np.where(np.isfinite(rend), rend, t1)])
         return _gaps_by_device(dev, s, e, t0, t1, self.cluster.num_devices)
 
-    def own_busy_share(self, t0: float, t1: float, tenant: str) -> np.ndarray:
-        """Per device, the share of [t0, t1] it spent on finished slices of tenants other than
-        `tenant`: how busy its owners kept a device lent to `tenant`."""
+    def own_busy_share(self, t0: float, t1: float, tenants: Iterable[str]) -> dict[str, np.ndarray]:
+        """Per tenant, per device, the share of [t0, t1] the device spent on finished slices of
+        other tenants: how busy its owners kept a device lent to that tenant (the busy log is
+        read once for all of them)."""
         dev, s, e, ten = self.busy.since(t0, tenants=True)  # settles
-        keep = ten != self.tenant_index[tenant]
-        span = np.clip(e[keep], t0, t1) - np.clip(s[keep], t0, t1)
-        return np.bincount(dev[keep], weights=span, minlength=self.cluster.num_devices) / max(t1 - t0, 1e-12)
+        out = {}
+        for tenant in tenants:
+            keep = ten != self.tenant_index[tenant]
+            span = np.clip(e[keep], t0, t1) - np.clip(s[keep], t0, t1)
+            out[tenant] = np.bincount(dev[keep], weights=span, minlength=self.cluster.num_devices) / max(t1 - t0, 1e-12)
+        return out
 
     def idle_intervals(self, t0: float, t1: float) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per device, (starts, ends) of its idle gaps inside [t0, t1]."""

@@ -462,9 +462,10 @@ class SliceScheduler(Scheduler):
         self._releasing &= set(out)
         now = self._now
         t0 = max(0.0, now - self.cfg.idle_window_s)
-        for lease in out.values():
-            if now > t0:
-                busy = gmg.own_busy_share(t0, now, lease.tenant)[list(lease.devices)]
+        if out and now > t0:
+            shares = gmg.own_busy_share(t0, now, {lease.tenant for lease in out.values()})
+            for lease in out.values():
+                busy = shares[lease.tenant][list(lease.devices)]
                 lease.interference = float(1.0 - np.prod(1.0 - np.clip(busy, 0.0, 0.95)))
 
     def _releases(self, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], leases: tuple[ShardLease, ...],

@@ -182,13 +182,21 @@ class Network:
         affected = sorted({k for r in self.dirty for k in self.on.get(r, ())})
         self.dirty.clear()
         events = []
-        cap, on = self.paths.capacity, self.on
+        cap, on, flows = self.paths.capacity, self.on, self.flows
+        share: dict[Resource, float] = {}  # each resource's equal share, computed once per flush
         for k in affected:
-            f = self.flows[k]
+            f = flows[k]
             f.remaining = max(f.remaining - f.rate * (now - f.last), 0.0)
             f.last = now
-            f.rate = min(cap[r] / len(on[r]) for r in f.resources)
-            f.end = now + f.remaining / f.rate
+            rate = float("inf")
+            for r in f.resources:
+                x = share.get(r)
+                if x is None:
+                    x = share[r] = cap[r] / len(on[r])
+                if x < rate:
+                    rate = x
+            f.rate = rate
+            f.end = now + f.remaining / rate
             f.version += 1
             events.append((f.end, Prio.XFER_END, k, f.version))
         return events
