@@ -523,26 +523,27 @@ class Simulator(SegmentMixin, WeightsMixin):
     # ==== event loop ===================================================================
     def _next_time(self) -> float:
         h, running, net = self._heap, self._running, self.net
-        flows = net.flows
-        while True:
-            t = INF
-            while h:
-                t0, prio, key, ver = h[0]
-                if prio == _SLICE_END:
-                    r = running.get(key)  # type: ignore[arg-type]
-                    if r is not None and r.version == ver:
-                        t = t0
+        flows, dirty = net.flows, net.dirty
+        while h:
+            t, prio, key, ver = h[0]
+            if prio == _SLICE_END:
+                r = running.get(key)  # type: ignore[arg-type]
+                if r is not None and r.version == ver:
+                    if dirty and t > self.now:
                         break
-                else:
-                    f = flows.get(key)  # type: ignore[arg-type]
-                    if f is not None and f.version == ver:
-                        t = t0
+                    return t
+            else:
+                f = flows.get(key)  # type: ignore[arg-type]
+                if f is not None and f.version == ver:
+                    if dirty and t > self.now:
                         break
-                heapq.heappop(h)
-            if not net.dirty or t <= self.now:
-                return t
-            # every join and close at `now` is in: the flows they touched get their shares once
-            self._push(net.flush(self.now))
+                    return t
+            heapq.heappop(h)
+        if not dirty:
+            return INF
+        # every join and close at `now` is in: the flows they touched get their shares once
+        self._push(net.flush(self.now))
+        return self._next_time()
 
     def _process(self) -> None:
         ev = heapq.heappop(self._heap)
