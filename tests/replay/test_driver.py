@@ -423,3 +423,32 @@ def test_the_ablation_serves_as_slicesched_does_without_loans():
     ss = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
     assert ab.replicas[0].engine.decode_batch_tokens == ss.replicas[0].engine.decode_batch_tokens is not None
     assert ab.scheduler.routing is ss.scheduler.routing
+
+
+def test_a_refused_kv_charge_is_one_oom_and_its_requests_retry_once_memory_can_change():
+    """Another allocation holds device 0's memory until the first refusal: the engine's KV
+    charge is refused once (counted once, though the backend also reports it in its next
+    outcome), the batch's requests are preempted, and they retry after the backend has run,
+    not again at the same instant (which would meet the same refusal forever)."""
+    from hang_guard import no_hang
+
+    sc = scenario(ONE_GPU + "\n    duration_s = 2.0\n    drain_s = 1.0\n")
+    trace = Trace.from_columns("two", [0.1, 0.2], [3000, 3000], [50, 50], ["a", "a"])
+    drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace)
+    sim = drv.backend
+    held = float(drv.gmg.mem_free()[0]) - 1.2e9  # room for less than one prompt's KV
+    assert sim.alloc_kv(0, held, "other") is None
+    execute = sim.execute
+
+    def execute_then_let_go(*args, **kw):
+        out = execute(*args, **kw)
+        if drv.ooms and sim.mem.kv["other"][0] > 0:
+            sim.free_kv(0, held, "other")
+        return out
+
+    sim.execute = execute_then_let_go
+    with no_hang(60):
+        res = drv.run()
+    assert res.stats.ooms == len(res.ooms) == 1 and res.ooms[0].what == "kv"
+    assert all(r.state == RequestState.FINISHED for r in res.requests)
+    assert sum(r.num_preemptions for r in res.requests) == 1

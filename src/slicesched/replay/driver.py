@@ -62,6 +62,7 @@ class ReplicaState:
     pipe: Pipeline | None = None  # the stages of a pipeline-parallel replica (pp > 1)
     stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage
     stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
+    oom_at: float = -math.inf  # when an OOM last preempted it: no new batch until memory can change
 
     @property
     def load(self) -> int:
@@ -168,6 +169,7 @@ class ReplayDriver:
         self._activations: list[tuple[float, Replica]] = []  # (ready time, replica) being loaded
         self._parked: dict[str, list[Request]] = {}  # tenant without an active replica -> arrivals
         self.ooms: list[OOMEvent] = []
+        self._kv_ooms: list[OOMEvent] = []  # OOMs of KV charges since the last outcome (handled at once)
         self.iterations = 0
         self.moves = 0
         self.rejected = 0
@@ -297,7 +299,9 @@ class ReplayDriver:
             for key in outcome.finished_iterations:
                 dirty[self._complete(key, outcome.time, tokens=tokens.get(key) if tokens else None)] = None
             for oom in outcome.ooms:
-                dirty.update(dict.fromkeys(self._on_oom(oom)))
+                if not any(oom is seen for seen in self._kv_ooms):  # a refused KV charge, handled then
+                    dirty.update(dict.fromkeys(self._on_oom(oom)))
+            self._kv_ooms.clear()
             progressed = outcome.completed or outcome.finished_iterations or outcome.time > now
             stalls = 0 if progressed else stalls + 1
             if stalls > 3:
@@ -353,7 +357,10 @@ class ReplayDriver:
 
     def _launch_batches(self, rs: ReplicaState, now: float) -> None:
         eng = rs.engine
-        while eng.num_inflight < eng.max_inflight_batches and (rs.pipe is None or rs.pipe.can_start()):
+        # after an OOM, the preempted requests wait for the backend to run (memory changes only
+        # then): relaunching at the same instant would meet the same refusal, forever
+        while (eng.num_inflight < eng.max_inflight_batches and (rs.pipe is None or rs.pipe.can_start())
+               and rs.oom_at < now):
             batch = eng.next_batch(now)
             if batch is None:
                 break
@@ -483,6 +490,7 @@ class ReplayDriver:
         if delta > 0:
             oom = self.backend.alloc_kv(devices, delta, tenant)
             if oom is not None:
+                self._kv_ooms.append(oom)  # the backend reports it again in its next outcome
                 self._on_oom(oom)
                 return False
         elif delta < 0:
@@ -516,6 +524,7 @@ class ReplayDriver:
         self.ooms.append(oom)
         hit = [rs for rs in self.replicas if oom.device in rs.replica.devices]
         for rs in hit:
+            rs.oom_at = oom.time
             rs.engine.preempt_all(oom.time)
             self._drop_inflight(rs)
             self._charge_kv(rs, oom.time)
