@@ -225,9 +225,9 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _split_on_devices(self, touched: Collection[int]) -> None:
         """Split, at `now`, every segment running on one of these devices."""
         self._key = (self.now, 3, None)
-        for key, run in sorted(self._running.items()):
-            if run.seg is not None and not touched.isdisjoint(self._devs(run.group)):
-                self._split(key, run)
+        seg_on = self._seg_on  # the segment on each device: no scan of everything running
+        for key in sorted({seg_on[d] for d in touched if seg_on[d] is not None}):
+            self._split(key, self._running[key])
         self._push([])
 
     def _run_to_completion(self, done: list, until: float) -> None:

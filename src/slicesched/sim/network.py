@@ -120,9 +120,12 @@ class Network:
         if focus is None:
             n.flows = {k: f.copy() for k, f in self.flows.items()}
             n.on = {r: list(v) for r, v in self.on.items() if v}
-        else:
+        else:  # a resource's list is only ever counted and searched: its order does not matter
             n.flows = {k: f.copy() for k, f in self.flows.items() if f.dst[0] in focus}
-            n.on = {r: v for r, v in ((r, [k for k in v if k in n.flows]) for r, v in self.on.items()) if v}
+            for k, f in n.flows.items():
+                if f.joined:
+                    for r in f.resources:
+                        n.on.setdefault(r, []).append(k)
         n.dirty = set(self.dirty)
         return n
 
