@@ -244,3 +244,15 @@ def test_own_busy_share_counts_only_the_other_tenants_work_on_each_device():
     assert shares["a"][0] == pytest.approx(1.0 / 20.0)  # lent to a: its owner b kept it busy 1 s
     assert shares["b"][0] == pytest.approx(0.1 * ha.num_slices / 20.0)
     assert shares["a"][1] == shares["b"][1] == 0.0
+
+
+def test_a_fork_of_some_iterations_holds_only_them_with_their_rows():
+    g = make_gmg(devices=2, capacity=4096)
+    ha, hb = g.add_iteration(it("a")), g.add_iteration(it("b"))
+    g.map(ha.slice_base, 0, ha.num_slices)
+    f = g.fork(keys={hb.key})
+    assert set(f.iterations) == {hb.key}
+    ids = np.arange(hb.slice_base, hb.slice_base + hb.num_slices)
+    for c in ("state", "group", "preds_left", "ready_t"):
+        np.testing.assert_array_equal(f.get(c, ids), g.get(c, ids))
+    assert f.ready_slices().tolist() == [s for s in g.ready_slices().tolist() if s in set(ids.tolist())]

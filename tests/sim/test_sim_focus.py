@@ -41,6 +41,7 @@ def test_a_focused_fork_leaves_out_the_devices_nothing_connects_to_its_focus() -
     assert devs == {0}
     assert {sim.gmg.iterations[k].graph.tenant for k in keys} == {"a"}
     assert all(r.group == sim.gmg.cluster.group_id((0,)) for r in f._running.values())
+    assert set(f.gmg.iterations) == set(keys)  # its GMG holds no other tenant's iteration
 
 
 def test_a_focused_fork_ignores_placements_outside_and_refuses_ones_that_leave_it() -> None:

@@ -11,7 +11,7 @@ iterations costs nothing and the columns never need compaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -326,23 +326,32 @@ class GlobalMappingGraph:
         self._static_shared = False
         self._mask = cap - 1
 
-    def fork(self) -> "GlobalMappingGraph":
+    def fork(self, keys: Collection[int] | None = None) -> "GlobalMappingGraph":
         """An independent copy for what-if simulation: columns, live iterations, ready set,
         memory and residency are copied; cluster, models and containers are shared (read-only to
         backends). The fork's busy history starts empty: intervals that ended before the fork do
-        not matter to any window after it, and copying a long history would make forks slow."""
+        not matter to any window after it, and copying a long history would make forks slow.
+        With `keys`, the fork holds only those live iterations: the others are not in it, and
+        their rows are not copied (a focused what-if reads nothing else)."""
+        live = self.iterations if keys is None else {k: it for k, it in self.iterations.items() if k in keys}
         g = GlobalMappingGraph.__new__(GlobalMappingGraph)
         g.cluster, g.models, g.containers = self.cluster, self.models, self.containers
         g.tenants, g.tenant_index = self.tenants, self.tenant_index
         g._cap, g._mask = self._cap, self._mask
         # columns only `add_iteration` writes are shared until either side adds one (copy on write):
         # most forks never do, and copying them was most of a fork's cost
-        g._cols = {c: a if c in _STATIC_COLS else a.copy() for c, a in self._cols.items()}
+        lo = min((it.base for it in live.values()), default=self._next_id)
+        copy = (lambda a: a.copy()) if keys is None else (lambda a: self._copy_rows(a, lo))
+        g._cols = {c: a if c in _STATIC_COLS else copy(a) for c, a in self._cols.items()}
         g._static_shared = self._static_shared = True
         g._next_id, g._next_key = self._next_id, self._next_key
         g.iterations = {k: _LiveIteration(it.graph, it.base, it.remaining, it.succ_ptr, it.succ_idx)
-                        for k, it in self.iterations.items()}
-        g._ready = set(self._ready)
+                        for k, it in live.items()}
+        if keys is None:
+            g._ready = set(self._ready)
+        else:
+            owner = self._cols["iteration"]
+            g._ready = {s for s in self._ready if int(owner[s & self._mask]) in live}
         g.capacity_bytes = self.capacity_bytes
         g.mem_weights, g.mem_kv = self.mem_weights.copy(), self.mem_kv.copy()
         g._mem_act, g.mem_xfer = self._mem_act.copy(), self.mem_xfer.copy()
@@ -355,6 +364,21 @@ class GlobalMappingGraph:
         g.weights_version = self.weights_version
         self._resident_shared = set(self.resident)
         return g
+
+    def _copy_rows(self, a: np.ndarray, lo: int) -> np.ndarray:
+        """A copy of a column's ring rows from slice `lo` on (rows before it belong to no
+        iteration the copy holds: left undefined, as free ring space is)."""
+        n = self._next_id - lo
+        if 2 * n > self._cap:
+            return a.copy()
+        out = np.empty_like(a)
+        i = lo & self._mask
+        if i + n <= self._cap:
+            out[i: i + n] = a[i: i + n]
+        else:  # the rows wrap around the ring's end
+            out[i:] = a[i:]
+            out[: i + n - self._cap] = a[: i + n - self._cap]
+        return out
 
     def _grow(self, need: int) -> None:
         oldest = min((it.base for it in self.iterations.values()), default=self._next_id)

@@ -297,6 +297,10 @@ class Simulator(SegmentMixin, WeightsMixin):
         places = []
         for p in decision.placements:
             key = int(iteration[p.first_slice & mask])
+            if key not in self.gmg.iterations:  # not held: it was mapped outside the focus
+                if not devs.isdisjoint(self._devs(p.group)):
+                    raise ValueError(f"{p}: reaches outside the fork's focus (devices {sorted(devs)})")
+                continue
             if keep(p, set(self._devs(p.group)), key):
                 keys.add(key)  # a fresh iteration placed inside is inside from now on
                 places.append(p)
@@ -439,16 +443,21 @@ class Simulator(SegmentMixin, WeightsMixin):
         group's work costs, not the whole cluster's."""
         reach = None if focus is None else self._reach(frozenset(focus))
         devs = None if reach is None else reach[0]
+        # the fork's GMG: the iterations reached, and unfinished ones not mapped anywhere yet (a
+        # decision given to the fork may place them inside)
+        held = None if reach is None else reach[1] | {k for k, it in self.gmg.iterations.items()
+                                                      if it.remaining and k not in self._spans}
         if self.perturbation is not None and self._nseg:  # see `_copy`; before the key, which the split changes
             self._dissolve_segments() if devs is None else self._split_on_devices(devs)
         self._forked = True
         key = (self._stamp, self._ver, self.gmg.weights_version, devs)
         tpl = self._fork_plan
         if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
-            f = self._copy(keep_log=False, retime=False, segments=True, running=False, focus=devs)
+            f = self._copy(keep_log=False, retime=False, segments=True, running=False, focus=devs, held=held)
             f._running, f._seg_on, f._nseg, f._queue, f._heap = dict(tpl[1]), list(tpl[2]), tpl[3], list(tpl[4]), list(tpl[5])
         else:
-            f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True, focus=devs)
+            f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True, focus=devs,
+                           held=held)
             f._form_segments()
             self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
         if reach is not None:
@@ -975,11 +984,11 @@ class Simulator(SegmentMixin, WeightsMixin):
 
     # ==== copies =======================================================================
     def _copy(self, keep_log: bool, retime: bool, segments: bool, running: bool = True,
-              focus: frozenset[int] | None = None) -> "Simulator":
+              focus: frozenset[int] | None = None, held: Collection[int] | None = None) -> "Simulator":
         """A full, independent copy of the state (a fork, or a checkpoint when keep_log); without
         `running`, the caller sets the running slices and the heap itself. With `focus` (a
         closed device set, see `_reach`), only the running and queued slices and the transfers
-        on those devices are copied."""
+        on those devices are copied, and the GMG holds only the iterations in `held`."""
         if retime and self._nseg:
             # a segment's steps were timed with reality's noise and its Run describes the step
             # that formed it: split it (exactly; the next `execute` plans again) so that the copy
@@ -988,7 +997,7 @@ class Simulator(SegmentMixin, WeightsMixin):
         if self.net.dirty:  # the copy's heap is rebuilt from the flows' projected ends
             self._push(self.net.flush(self.now))
         f = Simulator.__new__(Simulator)
-        f._sh, f.gmg = self._sh, self.gmg.fork()
+        f._sh, f.gmg = self._sh, self.gmg.fork(held)
         f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown
         f.segments, f.now, f._ver, f._stamp, f._key = segments, self.now, self._ver, self._stamp, self._key
         inside = (lambda g: True) if focus is None else (lambda g: self._devs(g)[0] in focus)
@@ -999,13 +1008,14 @@ class Simulator(SegmentMixin, WeightsMixin):
         f.mem = self.mem.fork(f.gmg, self.now)
         f.record, f._kept_below = True, 0
         f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
-        f._tcache, f._spans, f._focus, f._reach_memo = {}, dict(self._spans), None, None
+        spans = self._spans if held is None else {k: v for k, v in self._spans.items() if k in held}
+        f._tcache, f._spans, f._focus, f._reach_memo = {}, dict(spans), None, None
         f._weights_seen = f.gmg.weights_version
         f._fork_plan = None
         f._owner, f._forked = False, False
         f._reads, f._soft, f.on_event = None, None, None
         f._watch, f._hits = None, None
-        f._init_outputs(self._tracked)
+        f._init_outputs(self._tracked if held is None else {k: t for k, t in self._tracked.items() if k in held})
         if running:
             runs = self._running if focus is None else {s: r for s, r in self._running.items() if inside(r.group)}
             f._running = {s: self._retimed(r) for s, r in runs.items()} if retime else dict(runs)
