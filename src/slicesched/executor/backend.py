@@ -117,6 +117,7 @@ class ExecutorBackend:
         self.op_events = 0  # slices run
         self._timeline: list[tuple[str, int, int, float, float]] = []  # (tenant, device, slice, start, end)
         self.dispatch_s: list[float] = []  # per model step: seconds per slice outside the model's stages
+        self.run_s: list[float] = []  # per model step: seconds inside them (the same order)
 
     @property
     def now(self) -> float:
@@ -343,6 +344,7 @@ class ExecutorBackend:
             tokens.append((key, out))
             spent = self.executor.clock() - st.placed_t  # handed over -> its tokens here
             self.dispatch_s.append((spent - st.run_s) / st.handle.num_slices)
+            self.run_s.append(st.run_s)
 
     def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
         """Charge `nbytes` of KV on each device's budget, all or nothing (the pool's real tensors
