@@ -127,10 +127,10 @@ def _run(backend: ExecutorBackend, models: Mapping[str, ModelSpec], steps: Seque
     out = backend.execute(SchedulerDecision(backend.now, place), wake="iteration")
     while True:
         ends.update({c.slice_id: c.end for c in out.completed})
-        done = [key for key, _ in out.tokens]  # the order the backend appended their run_s
-        for key, run_s in zip(done, backend.run_s[len(backend.run_s) - len(done):]):
+        done = [key for key, _ in out.tokens]  # the order the backend appended their runs
+        for key, r in zip(done, backend.runs[len(backend.runs) - len(done):]):
             backend.retire(key)
-            turn[key], run[key] = backend.executor.clock() - t0, run_s
+            turn[key], run[key] = backend.executor.clock() - t0, r
         if len(turn) == len(handles):
             break
         out = backend.execute(SchedulerDecision(backend.now), wake="iteration")
@@ -139,8 +139,8 @@ def _run(backend: ExecutorBackend, models: Mapping[str, ModelSpec], steps: Seque
         if g.num_slices != len(graph_block_weights(g)):
             raise ValueError("calibration needs one slice per model stage (block grain)")
         e = np.array([ends[h.slice_base + i] for i in range(g.num_slices)])
-        stages = np.concatenate([[run[h.key] - (e[-1] - e[0])], np.diff(e)])
-        res.append((g, stages, (turn[h.key] - run[h.key]) / g.num_slices))
+        start, seconds = run[h.key]
+        res.append((g, np.diff(e, prepend=start), (turn[h.key] - seconds) / g.num_slices))
     return res
 
 
