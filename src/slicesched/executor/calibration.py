@@ -54,9 +54,6 @@ class StepShape:
     def of(cls, *seqs: tuple[int, int]) -> "StepShape":
         return cls(tuple(n for n, _ in seqs), tuple(c for _, c in seqs))
 
-    def batch_shape(self) -> BatchShape:
-        return BatchShape(np.array(self.new, np.int64), np.array(self.context, np.int64), len(self.new))
-
 
 def _grid() -> tuple[StepShape, ...]:
     """Decode batches by context, prefill chunks by context, and chunks riding with decodes (as
