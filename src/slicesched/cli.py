@@ -108,8 +108,9 @@ def replay(
     backend: str = typer.Option("sim", help="sim: the simulator; executor: serve the tenants for real (random-weight "
                                 "models from their configs, scaled down on CPU) on a wall clock"),
     device_memory_mib: float = typer.Option(256, min=1, help="executor: memory budget of each CPU device (MiB)"),
-    profile: Optional[Path] = typer.Option(None, help="executor: op profile (`slicesched profile`) calibrating the "
-                                           "cost model of the SLOs and the simulator's prediction"),
+    profile: Optional[Path] = typer.Option(None, help="executor: profile (`slicesched profile [--serving "
+                                           "SCENARIO]`) calibrating the cost model of the SLOs and the "
+                                           "simulator's prediction"),
 ) -> None:
     """Replay a scenario under each scheduler, print the comparison and write metrics, plots, traces."""
     if backend not in ("sim", "executor"):
@@ -304,9 +305,16 @@ def profile(
     out: Path = typer.Option(Path("profiles/cpu.parquet"), help="profile file to write (.parquet or .csv)"),
     repeats: int = typer.Option(15, min=1, help="timed runs per grid point (medians)"),
     threads: int = typer.Option(1, min=1, help="torch CPU threads"),
+    serving: Optional[Path] = typer.Option(None, help="a scenario: time its served models' real steps through "
+                                           "the executor (stages and dispatch; what `replay --backend executor "
+                                           "--profile` predicts best by) instead of single ops"),
+    together: bool = typer.Option(True, help="--serving: every device steps at once, as served tenants contend"),
 ) -> None:
     """Measure op latencies on this machine (CPU) over a grid of shapes and save a profile."""
     import torch
+
+    if serving is not None:
+        return _profile_serving(serving, out, repeats, together)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slicesched.executor.profiler import GRID_STEPS, GRID_WIDTHS, device_name, prepare_grid, profile_of, time_slices
@@ -321,6 +329,17 @@ def profile(
         bar.advance(task)
     path = prof.save(out)
     typer.echo(f"wrote {path}: {len(prof)} op timings on {device_name()} (torch {torch.__version__})")
+
+
+def _profile_serving(scenario: Path, out: Path, repeats: int, together: bool) -> None:
+    import tempfile
+
+    from slicesched.config import load_scenario
+    from slicesched.replay.real import calibrate, real_setup
+
+    setup = real_setup(load_scenario(scenario), Path(tempfile.mkdtemp(prefix="slicesched-calibration-")))
+    prof = calibrate(setup, repeats, together)
+    typer.echo(f"wrote {prof.save(out)}: {len(prof)} stage and dispatch timings of {len(setup.configs)} served models")
 
 
 @app.command()

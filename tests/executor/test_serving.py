@@ -175,6 +175,21 @@ def test_a_step_placed_on_a_multi_device_group_is_refused():
         ex.close()
 
 
+def test_a_step_whose_slices_are_placed_on_two_devices_is_refused_naming_both():
+    """A model step runs whole on one device (its stages share one PagedModel's KV pool): half
+    its slices on group 0 and the rest on group 1 is refused before anything runs."""
+    be, spec, ex = _backend(devices=2)
+    try:
+        h, _ = _step(be, spec, (1, 2, 3))
+        half = h.num_slices // 2
+        with pytest.raises(ValueError, match="devices 0 and 1"):
+            be.apply(SchedulerDecision(be.now, (SlicePlacement(h.slice_base, 0, half),
+                                                SlicePlacement(h.slice_base + half, 1, h.num_slices - half))))
+        assert not be.in_flight
+    finally:
+        ex.close()
+
+
 def test_with_nothing_running_execute_waits_for_until_on_the_wall_clock():
     be, _, ex = _backend()
     try:

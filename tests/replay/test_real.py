@@ -8,10 +8,15 @@ import threading
 import pytest
 
 from scenario_helpers import scenario
+from stage_helpers import stage_profile
+from slicesched.cost import CalibratedCostModel
 from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor.calibration import StepShape
 from slicesched.executor.serving import PagedModel, build_model, greedy_reference
-from slicesched.replay.real import predict, real_setup, scenario_cost, serve
+from slicesched.gmg import BatchShape, build_iteration
+from slicesched.models.spec import model_spec
+from slicesched.replay.real import calibrate, predict, real_setup, scenario_cost, serve
 
 TWO = """
     name = "two"
@@ -101,6 +106,35 @@ def test_the_prediction_replays_the_same_requests_in_the_simulator(setup):
     assert [(r.tenant, r.prompt_tokens, r.output_tokens) for r in pred.requests] == \
         [(r.tenant, r.prompt_tokens, r.output_tokens) for r in served.requests]
     assert all(r.is_finished and r.output_ids is None for r in pred.requests)
+
+
+def test_a_prediction_from_a_calibration_of_constant_stages_gives_every_request_its_hand_checked_tpot(setup):
+    """Every step costs the same by this calibration: embedding 100 us, two layers of attention
+    300 us and MLP 200 us, head 150 us, and 6 slices x 50 us of dispatch = 1.55 ms. Each step
+    gives every decoding request one token, so each request's TPOT is 1.55 ms and no TTFT is
+    shorter than one step."""
+    law = {"embed": {"one": 100e-6}, "attention": {"one": 300e-6}, "mlp": {"one": 200e-6}, "head": {"one": 150e-6}}
+    specs = [model_spec(t.model) for t in setup.scenario.tenants]
+    pred = predict(setup, "dedicated", CalibratedCostModel(stage_profile(specs, 50e-6, law)))
+    tpots = [r.tpot_s for r in pred.requests if r.num_generated > 1]
+    assert len(tpots) >= 6 and tpots == pytest.approx([1.55e-3] * len(tpots), rel=1e-6)
+    assert min(r.ttft_s for r in pred.requests) >= 1.55e-3 * (1 - 1e-9)
+
+
+def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(setup):
+    """The real calibration (a short one): its profile has stage fits for every block of both
+    served models, so a `CalibratedCostModel` over it prices their graphs by those alone."""
+    grid = (StepShape.of((1, 20)), StepShape.of((1, 20), (1, 40)), StepShape.of((24, 0)), StepShape.of((8, 16)))
+    prof = calibrate(setup, repeats=1, grid=grid)
+    df = prof.df
+    assert (df["time_s"] > 0).all() and set(df["kind"]) == {"stage_embed", "stage_attention", "stage_mlp",
+                                                          "stage_head", "dispatch"}
+    assert len(df) == 2 * len(grid) * (6 + 1)  # per tenant and shape: 6 stages of 2 layers, 1 dispatch
+    cost = CalibratedCostModel(prof)
+    for t in setup.scenario.tenants:
+        g = build_iteration(model_spec(t.model), BatchShape.decode(2, 30), 1)
+        assert cost.stages.stage_times(g, "cpu") is not None
+    assert cost.stages.dispatch_s["cpu"] > 0
 
 
 def test_a_scheduler_merging_replicas_onto_multi_device_groups_is_refused_in_one_line(setup):

@@ -32,6 +32,7 @@ import pandas as pd
 
 from slicesched.cost.model import COST_MODELS, CostModel
 from slicesched.cost.profile import Profile, load_profile, resolve
+from slicesched.cost.stages import StageFits, is_stage_row
 from slicesched.gmg.ops import GEMM_KINDS, IterationGraph, OpKind
 from slicesched.hardware.specs import DEVICES, LINKS, DeviceSpec, LinkSpec
 
@@ -184,8 +185,9 @@ def fit_kind(fam: str, df: pd.DataFrame, residuals: bool = True) -> KindFit:
 
 
 def fit_profile(profile: Profile, residuals: bool = True) -> dict[tuple[str, str], KindFit]:
-    """Fits by (device, label) for compute ops and by (link, label) for collectives and copies."""
-    df = profile.df
+    """Fits by (device, label) for compute ops and by (link, label) for collectives and copies
+    (a serving calibration's stage and dispatch rows are `StageFits`', not ops)."""
+    df = profile.df[~is_stage_row(profile.df["kind"])]
     labels = label_of(df)
     net = np.isin(labels, ["all_reduce", "send_recv"])
     where = np.where(net, df["link"].to_numpy(str), df["device"].to_numpy(str))
@@ -196,8 +198,9 @@ def fit_profile(profile: Profile, residuals: bool = True) -> dict[tuple[str, str
 
 
 @lru_cache(maxsize=8)
-def _fits_of(path: str, mtime: float, residuals: bool) -> dict[tuple[str, str], KindFit]:
-    return fit_profile(load_profile(path), residuals)
+def _fits_of(path: str, mtime: float, residuals: bool) -> tuple[dict[tuple[str, str], KindFit], StageFits]:
+    prof = load_profile(path)
+    return fit_profile(prof, residuals), StageFits.fit(prof.df)
 
 
 def graph_features(graph: IterationGraph) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -231,18 +234,19 @@ def _attention_parts(graph: IterationGraph) -> list[tuple[str, float, float, flo
 class CalibratedCostModel:
     """Fitted to `profile` (a path, `shared:...` reference or `Profile`); the roofline elsewhere."""
 
-    __slots__ = ("fits", "fallback", "source")
+    __slots__ = ("fits", "stages", "fallback", "source")
 
     def __init__(self, profile: str | Path | Profile = "shared:profiles/vidur", fallback: CostModel | None = None,
                  residuals: bool = True) -> None:
         from slicesched.cost.roofline import RooflineCostModel
 
         if isinstance(profile, Profile):
-            self.fits, self.source = fit_profile(profile, residuals), profile.source
+            self.fits, self.stages = fit_profile(profile, residuals), StageFits.fit(profile.df)
+            self.source = profile.source
         else:
             p = resolve(profile)
             mtime = p.stat().st_mtime if p.exists() else 0.0
-            self.fits, self.source = _fits_of(str(p), mtime, residuals), str(p)
+            (self.fits, self.stages), self.source = _fits_of(str(p), mtime, residuals), str(p)
         self.fallback = fallback or RooflineCostModel()
 
     def __reduce__(self):  # worker processes refit from the same source
@@ -281,7 +285,7 @@ class CalibratedCostModel:
             t[missing] = self.fallback.op_times(graph, device, group_link)[missing]
         if graph.tp <= 1:
             t[graph.comm_bytes > 0] = 0.0
-        return t
+        return self.stages.price(graph, device.name, t) if self.stages else t
 
     def _attention(self, graph: IterationGraph, m: np.ndarray, cols: dict[str, np.ndarray],
                    device: DeviceSpec) -> np.ndarray:

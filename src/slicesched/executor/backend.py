@@ -75,6 +75,7 @@ class _Step:
     cancelled: bool = False
     placed_t: float = 0.0  # executor clock when it was handed to its device
     run_s: float = 0.0  # seconds inside the model's stages (written by the worker)
+    started: float = 0.0  # executor clock when the worker began them
 
 
 #: (iteration key, stage done (-1: none), its end time, tokens, OOM, last event of the step) from a device worker
@@ -117,6 +118,7 @@ class ExecutorBackend:
         self.op_events = 0  # slices run
         self._timeline: list[tuple[str, int, int, float, float]] = []  # (tenant, device, slice, start, end)
         self.dispatch_s: list[float] = []  # per model step: seconds per slice outside the model's stages
+        self.runs: list[tuple[float, float]] = []  # per model step (the same order): (start, seconds) inside them
 
     @property
     def now(self) -> float:
@@ -278,6 +280,7 @@ class ExecutorBackend:
                 events.put((key, -1, clock(), None, oom, True))
                 return
             out, t0, last = None, clock(), model.num_stages - 1
+            st.started = t0
             # the last stage is reported with the tokens: an iteration finishes with its outputs
             stage = lambda i: i < last and events.put((key, i, clock(), None, None, False))  # noqa: E731
             try:
@@ -343,6 +346,7 @@ class ExecutorBackend:
             tokens.append((key, out))
             spent = self.executor.clock() - st.placed_t  # handed over -> its tokens here
             self.dispatch_s.append((spent - st.run_s) / st.handle.num_slices)
+            self.runs.append((st.started - self.t0, st.run_s))
 
     def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
         """Charge `nbytes` of KV on each device's budget, all or nothing (the pool's real tensors

@@ -16,6 +16,7 @@ models the driver prices, the SLOs and the simulator's prediction are those of w
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,11 +26,12 @@ import pandas as pd
 import torch
 
 from slicesched.config.scenario import Scenario
-from slicesched.cost import CostModel, make_cost_model
+from slicesched.cost import CostModel, Profile, make_cost_model
 from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
 from slicesched.executor.backend import ExecutorBackend
-from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config
+from slicesched.executor.calibration import GRID, StepShape, calibrate_serving
+from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config, spec_of
 from slicesched.gmg import GlobalMappingGraph
 from slicesched.replay.driver import ReplayDriver, RunResult
 from slicesched.replay.slo import isolated_slas
@@ -88,6 +90,24 @@ def _factories(setup: RealSetup) -> dict:
         return PagedModel(build_model(setup.configs[tenant], setup.seeds[tenant], str(device)))
 
     return {t: partial(make, t) for t in setup.configs}
+
+
+def calibrate(setup: RealSetup, repeats: int = 10, together: bool = False, grid: Sequence[StepShape] = GRID
+              ) -> Profile:
+    """The served models' real steps timed on executor devices of their own (a step of its own,
+    before and apart from any served run): the profile a `CalibratedCostModel` prices them by."""
+    sc, n = setup.scenario, setup.scenario.cluster.nodes * setup.scenario.cluster.devices_per_node
+    models = {t.name: spec_of(setup.configs[t.name], Path(t.model).stem) for t in sc.tenants}
+    devices = {t.name: i % n for i, t in enumerate(sc.tenants)}  # the tenants' home devices, as dedicated has them
+    executor = Executor([DeviceConfig(setup.torch_device) for _ in range(n)])
+    threads = torch.get_num_threads()
+    if setup.torch_device == "cpu":  # as `serve` runs them: one thread per device worker
+        torch.set_num_threads(1)
+    try:
+        return calibrate_serving(models, _factories(setup), executor, devices, grid, repeats, together)
+    finally:
+        torch.set_num_threads(threads)
+        executor.close()
 
 
 @dataclass(slots=True)

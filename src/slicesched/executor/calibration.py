@@ -1,0 +1,204 @@
+"""Calibrating the simulator on what served model steps really cost here.
+
+    prof = calibrate_serving(models, factories, executor, devices)   # a cost.Profile
+    cost = CalibratedCostModel(prof)                                 # prices served models by it
+
+A profile of single ops (`executor/profiler.py`) misses most of what a served step spends on a
+CPU device: each module's Python, the per-request attention loop and the batch's slot tables,
+the hand-over to the device worker and the stage events back. This calibration runs the served
+models' real steps (`PagedModel` through `ExecutorBackend`, as the replay driver does) over a
+grid of batch shapes and records, per step, every stage's seconds (the embedding with the
+batch's preparation, each layer's attention and MLP, the head) and the seconds per slice spent
+outside them: from building the step's graph until it is retired, the executor's and the
+backend's part (hand-over, stage events, GMG updates). It is a step of its own, never the run
+it helps predict. Stage rows are `stage_<name>` and overheads `dispatch` (`cost/stages.py`).
+
+Times are wall-clock means over repeats taken in rounds of shuffled order, so that a burst of
+machine noise hits all shapes alike: wall time, because serving is judged on the wall clock, and
+means, not medians, because a request's latency is a sum of step times, the steps slowed by
+other processes preempting this one included (on a shared machine they are many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from slicesched.cost.profile import Profile
+from slicesched.cost.stages import DISPATCH, STAGES, batch_features, block_stage, graph_block_weights
+from slicesched.decisions import SchedulerDecision, SlicePlacement, StepInputs
+from slicesched.executor.backend import ExecutorBackend
+from slicesched.executor.runtime import Executor
+from slicesched.executor.serving import PagedModel
+from slicesched.gmg import GlobalMappingGraph
+from slicesched.gmg.builder import build_iteration
+from slicesched.gmg.ops import BatchShape, Grain, IterationGraph
+from slicesched.hardware import Cluster, Container
+from slicesched.models.spec import ModelSpec
+
+BLOCK_TOKENS = 16  # the replay driver's KV block size
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """One batch: per sequence, the tokens it feeds and the tokens already cached before them."""
+
+    new: tuple[int, ...]
+    context: tuple[int, ...]
+
+    @classmethod
+    def of(cls, *seqs: tuple[int, int]) -> "StepShape":
+        return cls(tuple(n for n, _ in seqs), tuple(c for _, c in seqs))
+
+
+def _grid() -> tuple[StepShape, ...]:
+    """Decode batches by context, prefill chunks by context, and chunks riding with decodes (as
+    chunked prefill batches them): the shapes a served CPU tenant's steps take."""
+    decodes = [StepShape.of(*[(1, c)] * b) for b in (1, 2, 4, 8) for c in (32, 128, 384)]
+    prefills = [StepShape.of((n, c)) for n in (16, 64, 128) for c in (0, 128)] + [StepShape.of((64, 0), (64, 0))]
+    mixed = [StepShape.of((64, 0), *[(1, 128)] * 4), StepShape.of((32, 0), *[(1, 64)] * 8),
+             StepShape.of((96, 0), (1, 200), (1, 200))]
+    return (*decodes, *prefills, *mixed)
+
+
+GRID = _grid()
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One calibration step of a tenant: its shape, where it runs and the pool blocks it owns."""
+
+    tenant: str
+    device: int
+    shape: StepShape
+    tables: tuple[tuple[int, ...], ...]
+    feed: tuple[tuple[int, ...], ...]
+    warm: tuple[tuple[int, ...], ...]  # the context each sequence holds before it (written once)
+
+
+def _jobs(models: Mapping[str, ModelSpec], devices: Mapping[str, int], grid: Sequence[StepShape],
+          seed: int) -> tuple[list[_Job], int]:
+    """Every (tenant, shape) with disjoint KV blocks; the pool size they need."""
+    rng = np.random.default_rng(seed)
+    jobs, next_block = [], 0
+    for tenant, spec in models.items():
+        for s in grid:
+            tables = []
+            for n, c in zip(s.new, s.context):
+                need = -(-(n + c) // BLOCK_TOKENS)
+                tables.append(tuple(range(next_block, next_block + need)))
+                next_block += need
+            ids = [tuple(int(x) for x in rng.integers(0, spec.vocab, n + c)) for n, c in zip(s.new, s.context)]
+            jobs.append(_Job(tenant, devices[tenant], s, tuple(tables), tuple(i[c:] for i, c in zip(ids, s.context)),
+                             tuple(i[:c] for i, c in zip(ids, s.context))))
+    return jobs, next_block
+
+
+def _inputs(job: _Job, num_blocks: int, warm: bool = False) -> StepInputs:
+    if warm:  # the context, fed as one prefill of every sequence that has one
+        keep = [i for i, c in enumerate(job.shape.context) if c]
+        return StepInputs(("calibration", job.device), num_blocks, BLOCK_TOKENS, tuple(job.warm[i] for i in keep),
+                          (0,) * len(keep), tuple(job.tables[i] for i in keep))
+    return StepInputs(("calibration", job.device), num_blocks, BLOCK_TOKENS, job.feed, job.shape.context, job.tables)
+
+
+def _run(backend: ExecutorBackend, models: Mapping[str, ModelSpec], steps: Sequence[tuple[_Job, StepInputs]]
+         ) -> list[tuple[IterationGraph, np.ndarray, float]]:
+    """Steps as the replay driver runs them (their graphs built, added, each placed whole on its
+    job's device, executed until finished, retired), all at once. Per step: its graph, every
+    stage's seconds and the seconds per slice outside the stages."""
+    t0, handles, graphs = backend.executor.clock(), [], []
+    for job, inputs in steps:
+        new = np.array([len(f) for f in inputs.token_ids], np.int64)
+        shape = BatchShape(new, np.array(inputs.context_lens_before, np.int64), len(new))
+        graphs.append(build_iteration(models[job.tenant], shape, 1, Grain.BLOCK, job.tenant, 0))
+        handles.append(backend.add_iteration(graphs[-1], home=backend.gmg.cluster.group_id((job.device,)),
+                                             inputs=inputs))
+    place = tuple(SlicePlacement(h.slice_base, int(backend.gmg.get("home", h.slice_base)), h.num_slices)
+                  for h in handles)
+    ends, turn, run = {}, {}, {}
+    out = backend.execute(SchedulerDecision(backend.now, place), wake="iteration")
+    while True:
+        ends.update({c.slice_id: c.end for c in out.completed})
+        done = [key for key, _ in out.tokens]  # the order the backend appended their runs
+        for key, r in zip(done, backend.runs[len(backend.runs) - len(done):]):
+            backend.retire(key)
+            turn[key], run[key] = backend.executor.clock() - t0, r
+        if len(turn) == len(handles):
+            break
+        out = backend.execute(SchedulerDecision(backend.now), wake="iteration")
+    res = []
+    for h, g in zip(handles, graphs):
+        if g.num_slices != len(graph_block_weights(g)):
+            raise ValueError("calibration needs one slice per model stage (block grain)")
+        e = np.array([ends[h.slice_base + i] for i in range(g.num_slices)])
+        start, seconds = run[h.key]
+        res.append((g, np.diff(e, prepend=start), (turn[h.key] - seconds) / g.num_slices))
+    return res
+
+
+def _rows(graph: IterationGraph, stages: np.ndarray, dispatch: np.ndarray, device: str) -> list[dict]:
+    """Profile rows of one (tenant, shape): each stage's mean seconds and the dispatch's."""
+    feats = batch_features(graph)
+    wb = graph_block_weights(graph)
+    kind = block_stage(np.arange(len(wb)))
+    # the model's stages run embedding, (attention, MLP) per layer, head; blocks are numbered
+    # attention 2l, MLP 2l+1, embedding 2L, head 2L+1
+    order = np.concatenate([[len(wb) - 2], np.arange(len(wb) - 2), [len(wb) - 1]])
+    med, spread = np.mean(stages, 0), np.std(stages, 0)
+    base = {"device": device, "model": graph.model, "rows": feats["tokens"], "seqs": feats["seqs"],
+            **{f: feats[f] for f in ("tokens", "keys", "kv", "logits")}}
+    rows = [{**base, "kind": f"stage_{STAGES[kind[b]]}", "weight_bytes": float(wb[b]), "time_s": float(med[i]),
+             "time_std_s": float(spread[i])} for i, b in enumerate(order)]
+    rows.append({**base, "kind": DISPATCH, "time_s": float(np.mean(dispatch)), "time_std_s": float(np.std(dispatch))})
+    return rows
+
+
+def _rounds(jobs: Sequence[_Job], repeats: int, together: bool, rng: np.random.Generator) -> list[list[int]]:
+    """Which jobs run at once, round after round: one at a time, or (`together`) one job of
+    every device at once, each device's jobs in a new shuffled order every repeat."""
+    if not together:
+        return [[int(i)] for _ in range(repeats) for i in rng.permutation(len(jobs))]
+    per_device: dict[int, list[int]] = {}
+    for i, j in enumerate(jobs):
+        per_device.setdefault(j.device, []).append(i)
+    out = []
+    for _ in range(repeats):
+        lists = [list(rng.permutation(ids)) for ids in per_device.values()]
+        for k in range(max(map(len, lists))):
+            out.append([int(ids[k % len(ids)]) for ids in lists])
+    return out
+
+
+def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, Callable[[torch.device], PagedModel]],
+                      executor: Executor, devices: Mapping[str, int], grid: Sequence[StepShape] = GRID,
+                      repeats: int = 10, together: bool = False, seed: int = 0) -> Profile:
+    """Time every tenant's steps over `grid` on its device of `executor` (`devices`: tenant ->
+    device) and return them as a profile (stage and dispatch rows). `together`: every device
+    runs one of its steps at the same time (the devices then contend for the host, as served
+    tenants do); else one step at a time."""
+    cluster = Cluster.homogeneous("cpu", 1, executor.num_devices, intra_link="local")
+    gmg = GlobalMappingGraph(cluster, dict(models), {t: Container(t, (d,)) for t, d in devices.items()})
+    backend = ExecutorBackend(executor, gmg, factories)
+    jobs, blocks = _jobs(models, devices, grid, seed)
+    samples: list[list[tuple[np.ndarray, float]]] = [[] for _ in jobs]
+    graphs: list[IterationGraph | None] = [None] * len(jobs)
+    for j in jobs:  # write each job's context once, then run it once: warms the models up
+        if any(j.shape.context):
+            _run(backend, models, [(j, _inputs(j, blocks, warm=True))])
+        _run(backend, models, [(j, _inputs(j, blocks))])
+    for ids in _rounds(jobs, repeats, together, np.random.default_rng(seed)):
+        for i, (g, stages, dispatch) in zip(ids, _run(backend, models, [(jobs[i], _inputs(jobs[i], blocks)) for i in ids])):
+            graphs[i] = g
+            samples[i].append((stages, dispatch))
+    rows = []
+    for j, g, s in zip(jobs, graphs, samples):
+        rows += _rows(g, np.stack([x for x, _ in s]), np.array([d for _, d in s]), cluster.device_specs[j.device].name)
+    df = pd.DataFrame(rows)
+    df.insert(1, "torch_version", torch.__version__)
+    df.insert(2, "kernel_backend", f"executor/serving-steps/threads{torch.get_num_threads()}")
+    return Profile(df, "serving-calibration")
