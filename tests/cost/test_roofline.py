@@ -108,7 +108,13 @@ def _scalar_times(cm: RooflineCostModel, g, dev, link) -> list[float]:
         bw = dev.mem_bandwidth * _MEM_EFF.get(kind, cm.mem_eff)
         if dev.sm_cycles_per_s > 0:
             bw = min(bw, dev.sm_cycles_per_s * _BYTES_PER_SM_CYCLE.get(kind, float("inf")))
-        t = max(float(g.flops[i]) / (dev.peak_flops * eff), float(g.bytes_read[i] + g.bytes_written[i]) / bw) + floor
+        tc, tm = float(g.flops[i]) / (dev.peak_flops * eff), float(g.bytes_read[i] + g.bytes_written[i]) / bw
+        if k in GEMM_KINDS.tolist() or kind == OpKind.LM_HEAD:
+            share = float(g.weight_bytes[i]) / dev.sm_count
+            tc = tc * (share + cm.gemm_half_weight_per_sm) / max(share, 1.0)
+            t = float(np.hypot(tc, tm)) + floor
+        else:
+            t = max(tc, tm) + floor
         if g.comm_bytes[i] > 0:
             t = cm.allreduce_time(float(g.comm_bytes[i]), g.tp, link)
         out.append(t)

@@ -41,7 +41,10 @@ _BYTES_PER_SM_CYCLE = {OpKind.NORM: 5.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 6.0, 
 @dataclass(frozen=True, slots=True)
 class RooflineCostModel:
     gemm_peak_eff: float = 0.75  # share of peak FLOP/s a large bf16 GEMM reaches
-    gemm_half_rows: float = 64.0  # rows at which a GEMM reaches half of gemm_peak_eff
+    gemm_half_rows: float = 16.0  # rows at which a GEMM reaches half of gemm_peak_eff
+    # weight bytes per SM at which a GEMM keeps half its SMs busy: a matrix whose share per SM is
+    # a fraction of one 128x128 bf16 tile (32 KB) leaves SMs idle in the last wave
+    gemm_half_weight_per_sm: float = 4e3
     attn_compute_eff: float = 0.30  # prefill attention vs peak (measured, FlashAttention on A100)
     attn_decode_compute_eff: float = 0.50
     mem_eff: float = 0.80  # share of HBM bandwidth a streaming kernel reaches (kinds not in _MEM_EFF)
@@ -53,7 +56,7 @@ class RooflineCostModel:
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
-        code, bandwidth, floor = self._per_kind(graph.kind, device)
+        code, bandwidth, floor, gemm = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
         seqs = graph.shape.logits_seqs
         decode = bool((graph.shape.new_tokens <= 1).all())
@@ -65,15 +68,29 @@ class RooflineCostModel:
         t_compute = graph.flops / (device.peak_flops * compute_eff)
         t_mem = (graph.bytes_read + graph.bytes_written) / bandwidth
         t = np.maximum(t_compute, t_mem)
+        if gemm.any():
+            t[gemm] = self._gemm_times(t_compute[gemm], t_mem[gemm], graph.weight_bytes[gemm], device)
         t += floor
         comm = graph.comm_bytes > 0
         if comm.any():
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
         return t
 
-    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _gemm_times(self, t_compute: np.ndarray, t_mem: np.ndarray, weight_bytes: np.ndarray,
+                    device: DeviceSpec) -> np.ndarray:
+        """A GEMM's time before its floor: compute slowed where its weights, shared out among
+        the SMs, leave some idle; compute and weight streaming overlap only in part (the
+        prologue loads tiles before the tensor cores start, the epilogue writes after), so the
+        two add in quadrature instead of the slower one alone: at a balanced shape (64-256
+        rows) measured GEMMs take ~1.4x either bound (Vidur's A100 and A40 profiles)."""
+        if device.sm_count > 0:
+            share = weight_bytes / device.sm_count
+            t_compute = t_compute * (share + self.gemm_half_weight_per_sm) / np.maximum(share, 1.0)
+        return np.hypot(t_compute, t_mem)
+
+    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> tuple[np.ndarray, ...]:
         """What depends on the op kinds alone: efficiency class (0 element-wise, 1 GEMM, 2 LM
-        head, 3 attention), achieved bandwidth and floor per op. Cached by the identity of a
+        head, 3 attention), achieved bandwidth, floor and whether it is a GEMM, per op. Cached by the identity of a
         read-only kind array (a builder template's, shared by all its graphs) and of the model
         and device; a writable one is computed each time."""
         key = (id(kind), id(self), id(device))
@@ -91,7 +108,7 @@ class RooflineCostModel:
         floor = np.full(len(kind), device.launch_overhead_s)
         floor[_IS_GEMM[kind]] = max(self.gemm_floor_s, device.launch_overhead_s)
         floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
-        out = (code, bandwidth, floor)
+        out = (code, bandwidth, floor, (code == 1) | (code == 2))
         if not kind.flags.writeable:
             if len(_PER_KIND) > 256:
                 _PER_KIND.clear()

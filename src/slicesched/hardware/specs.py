@@ -25,6 +25,9 @@ class DeviceSpec:
     # streaming multiprocessors x boost clock: what bounds kernels that cannot fill HBM (norms,
     # gathers run one block per token); 0: unknown (no such bound)
     sm_cycles_per_s: float = 0.0
+    # streaming multiprocessors: a GEMM's weight matrix is shared out among them, and one whose
+    # share per SM is small cannot keep them all busy; 0: unknown (no such bound)
+    sm_count: int = 0
 
     def __post_init__(self) -> None:
         if self.peak_flops <= 0 or self.mem_bandwidth <= 0 or self.memory_bytes <= 0:
@@ -48,12 +51,12 @@ class LinkSpec:
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
-        DeviceSpec("A100-40GB", 312 * TFLOPS, 1555 * GB, 40 * GiB, sm_cycles_per_s=108 * 1.41e9),
-        DeviceSpec("A100-80GB", 312 * TFLOPS, 2039 * GB, 80 * GiB, sm_cycles_per_s=108 * 1.41e9),
-        DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB, sm_cycles_per_s=132 * 1.98e9),
-        DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB, sm_cycles_per_s=132 * 1.98e9),
-        DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB, sm_cycles_per_s=142 * 2.52e9),
-        DeviceSpec("A40", 149.7 * TFLOPS, 696 * GB, 48 * GB, sm_cycles_per_s=84 * 1.74e9),
+        DeviceSpec("A100-40GB", 312 * TFLOPS, 1555 * GB, 40 * GiB, sm_cycles_per_s=108 * 1.41e9, sm_count=108),
+        DeviceSpec("A100-80GB", 312 * TFLOPS, 2039 * GB, 80 * GiB, sm_cycles_per_s=108 * 1.41e9, sm_count=108),
+        DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB, sm_cycles_per_s=132 * 1.98e9, sm_count=132),
+        DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB, sm_cycles_per_s=132 * 1.98e9, sm_count=132),
+        DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB, sm_cycles_per_s=142 * 2.52e9, sm_count=142),
+        DeviceSpec("A40", 149.7 * TFLOPS, 696 * GB, 48 * GB, sm_cycles_per_s=84 * 1.74e9, sm_count=84),
         # A CPU worker standing in for a device (executor tests): nominal, calibrate before use.
         DeviceSpec("cpu", 1 * TFLOPS, 100 * GB, 64 * GiB, launch_overhead_s=20e-6),
     )
