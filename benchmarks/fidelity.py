@@ -74,20 +74,18 @@ def _verdict(med: float, p90: float, bar: tuple[float, float], word: str) -> str
 
 def vs_issue_12(roofline_all) -> None:
     """Each of issue 12's groups (and the folder's other devices) beside the issue's figure."""
-    from slicesched.cost.scoring import ISSUE_12_ROOFLINE
+    from slicesched.cost.scoring import ISSUE_12_ROOFLINE, ORIGINAL_ROOFLINE_ON_FOLDER as BEFORE
 
     got = {(r.device, r.group): (r.median_pct, r.p90_pct) for r in roofline_all.itertuples()}
     extra = [k for k in got if k not in ISSUE_12_ROOFLINE and k[1] != "send_recv"]  # not in the issue
     for key in [*ISSUE_12_ROOFLINE, *extra]:
-        old = ISSUE_12_ROOFLINE.get(key)
-        ref = f"issue {old[0]} / {old[1]} %" if old else "issue: no figure for this device"
         name = f"roofline_vs_issue12[{_tag(*key)}]"
-        if key not in got:
-            print(f"{name}: no data ({ref}; no {key[0]} rows in ../shared/profiles/vidur)")
-            continue
-        med, p90 = got[key]
-        verdict = f": {_verdict(med, p90, old, 'beats')}" if old else ""
-        print(f"{name}: {med:.2f} / {p90:.2f} % ({ref}{verdict})")
+        refs = [f"{what} {bar[0]} / {bar[1]} %: {_verdict(*got[key], bar, 'beats')}" if key in got else
+                f"{what} {bar[0]} / {bar[1]} %" for what, bar in
+                (("issue", ISSUE_12_ROOFLINE.get(key)), ("before on this folder", BEFORE.get(key))) if bar]
+        now = f"{got[key][0]:.2f} / {got[key][1]:.2f} %" if key in got else "no data"
+        lacks = [] if key in got else [f"no {key[0]} rows in ../shared/profiles/vidur"]
+        print(f"{name}: {now} ({'; '.join(refs + lacks)})")
 
 
 def vs_aim(profile_fit) -> None:

@@ -4,12 +4,15 @@ Achieved fractions depend on op kind and size: a GEMM with few rows (decode) can
 tensor cores, so its compute efficiency ramps with the token count m as m / (m + m_half);
 memory-bound kernels reach a share of HBM bandwidth (a residual add ~90%), and kernels that run
 one block per token (norms, RoPE, the activation, the embedding gather) stream at most a few
-bytes per SM cycle (`DeviceSpec.sm_cycles_per_s`), which on an A100 is far below its HBM. Every kernel has
-a fixed floor instead of a blanket launch overhead: a few microseconds for element-wise work
-(`DeviceSpec.launch_overhead_s`), more for GEMMs and attention, ~50 us for an NCCL all-reduce.
+bytes per SM cycle (`DeviceSpec.sm_cycles_per_s`), which on an A100 is far below its HBM. An
+element-wise op's operands were just written by the kernel before it: up to half the L2
+(`DeviceSpec.l2_bytes`) of them are read from there, at a rate per SM cycle, the rest from HBM.
+Every kernel has a fixed floor instead of a blanket launch overhead: a few microseconds for
+element-wise work (`DeviceSpec.launch_overhead_s`; twice that for a norm, a block reduction),
+more for GEMMs and attention, ~50 us for an NCCL all-reduce. GEMMs: see `_gemm_times`.
 
-The defaults are read off Vidur's published A100 profiles (`../shared/profiles/vidur/`, scored by
-`benchmarks/fidelity.py`): measured prefill attention reaches ~30% of peak (not the 55% a
+The defaults are read off Vidur's published A100 and A40 profiles (`../shared/profiles/vidur/`,
+scored by `benchmarks/fidelity.py`; one constant serves both devices, in data-sheet units): measured prefill attention reaches ~30% of peak (not the 55% a
 flash-attention paper quotes), decode attention has a ~15 us floor, an all-reduce of a few
 hundred KB costs ~50 us whatever its size. A calibrated model (`cost/calibrated.py`) replaces
 these where profiles exist.
@@ -30,11 +33,20 @@ _IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin p
 _IS_GEMM[GEMM_KINDS] = True
 
 #: Share of HBM bandwidth a memory-bound kernel of each kind reaches; other kinds `mem_eff`.
-_MEM_EFF = {OpKind.NORM: 0.70, OpKind.RESIDUAL_ADD: 0.90}
+_MEM_EFF = {OpKind.NORM: 0.55, OpKind.RESIDUAL_ADD: 0.85}
 #: Bytes per SM cycle a kernel of each kind streams at most: norms, RoPE, the activation and
 #: the embedding gather run a block per token and are bound by SM throughput, not HBM (the
 #: A100 and A40 profiles agree in these units while their bandwidth shares differ 3x).
-_BYTES_PER_SM_CYCLE = {OpKind.NORM: 5.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 6.0, OpKind.EMBED: 3.0}
+_BYTES_PER_SM_CYCLE = {OpKind.NORM: 4.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 7.0, OpKind.EMBED: 3.0}
+#: Bytes per SM cycle of the part of an element-wise op's operands read from L2: a residual add
+#: is bound there only by the L2's ports; a norm's loads wait half as long as on HBM, and being
+#: latency-bound it streams twice the bytes; RoPE and the activation gain only the HBM bound.
+#: Kinds not listed read everything from HBM.
+_L2_BYTES_PER_SM_CYCLE = {OpKind.NORM: 8.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 7.0, OpKind.RESIDUAL_ADD: 16.0}
+L2_RESIDENT_SHARE = 0.5  # of the L2, what an op's operands may occupy (the rest: weights, other data)
+#: Floor of each kind as a multiple of the device's launch overhead: a norm is a block reduction
+#: (a pass for the statistics, a sync, a pass to scale); a residual add is the simplest kernel.
+_FLOOR_SCALE = {OpKind.NORM: 2.0, OpKind.RESIDUAL_ADD: 0.75}
 
 
 @COST_MODELS.register("roofline")
@@ -56,7 +68,7 @@ class RooflineCostModel:
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
-        code, bandwidth, floor, gemm = self._per_kind(graph.kind, device)
+        code, bandwidth, floor, gemm, l2_cap, l2_bandwidth = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
         seqs = graph.shape.logits_seqs
         decode = bool((graph.shape.new_tokens <= 1).all())
@@ -66,7 +78,12 @@ class RooflineCostModel:
                                 self.gemm_peak_eff * seqs / (seqs + self.gemm_half_rows),
                                 self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(code)
         t_compute = graph.flops / (device.peak_flops * compute_eff)
-        t_mem = (graph.bytes_read + graph.bytes_written) / bandwidth
+        moved = graph.bytes_read + graph.bytes_written
+        if l2_cap is None:
+            t_mem = moved / bandwidth
+        else:
+            in_l2 = np.minimum(moved, l2_cap)
+            t_mem = (moved - in_l2) / bandwidth + in_l2 / l2_bandwidth
         t = np.maximum(t_compute, t_mem)
         if gemm.any():
             t[gemm] = self._gemm_times(t_compute[gemm], t_mem[gemm], graph.weight_bytes[gemm], device)
@@ -90,9 +107,10 @@ class RooflineCostModel:
 
     def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> tuple[np.ndarray, ...]:
         """What depends on the op kinds alone: efficiency class (0 element-wise, 1 GEMM, 2 LM
-        head, 3 attention), achieved bandwidth, floor and whether it is a GEMM, per op. Cached by the identity of a
-        read-only kind array (a builder template's, shared by all its graphs) and of the model
-        and device; a writable one is computed each time."""
+        head, 3 attention), achieved HBM bandwidth, floor, whether it is a GEMM, and the bytes
+        it may read from L2 and at what rate (None, None: no L2 modelled), per op. Cached by the
+        identity of a read-only kind array (a builder template's, shared by all its graphs) and
+        of the model and device; a writable one is computed each time."""
         key = (id(kind), id(self), id(device))
         hit = _PER_KIND.get(key)
         if hit is not None and hit[0] is kind and hit[1] is self and hit[2] is device:
@@ -101,14 +119,19 @@ class RooflineCostModel:
         code[kind == OpKind.LM_HEAD] = 2
         attn = kind == OpKind.ATTENTION
         code[attn] = 3
-        mem_eff, per_cycle = _lookups(self.mem_eff)
+        mem_eff, per_cycle, l2_per_cycle, floor_scale = _lookups(self.mem_eff)
         bandwidth = device.mem_bandwidth * mem_eff[kind]
+        l2_cap = l2_bandwidth = None
         if device.sm_cycles_per_s > 0:
             bandwidth = np.minimum(bandwidth, device.sm_cycles_per_s * per_cycle[kind])
-        floor = np.full(len(kind), device.launch_overhead_s)
+            if device.l2_bytes > 0:
+                l2_bandwidth = device.sm_cycles_per_s * l2_per_cycle[kind]
+                l2_cap = np.where(l2_bandwidth > 0, device.l2_bytes * L2_RESIDENT_SHARE, 0.0)
+                l2_bandwidth[l2_bandwidth == 0] = np.inf  # reads nothing from L2
+        floor = device.launch_overhead_s * floor_scale[kind]
         floor[_IS_GEMM[kind]] = max(self.gemm_floor_s, device.launch_overhead_s)
         floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
-        out = (code, bandwidth, floor, (code == 1) | (code == 2))
+        out = (code, bandwidth, floor, (code == 1) | (code == 2), l2_cap, l2_bandwidth)
         if not kind.flags.writeable:
             if len(_PER_KIND) > 256:
                 _PER_KIND.clear()
@@ -135,18 +158,22 @@ class RooflineCostModel:
         return self.allreduce_floor_s + 2 * (p - 1) * (self.allreduce_step_s + nbytes / p / (link.bandwidth * self.collective_link_eff))
 
 
-_LOOKUPS: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+_LOOKUPS: dict[float, tuple[np.ndarray, ...]] = {}
 _PER_KIND: dict[tuple[int, int, int], tuple] = {}  # see RooflineCostModel._per_kind
 
 
-def _lookups(default: float) -> tuple[np.ndarray, np.ndarray]:
-    """Bandwidth share and bytes per SM cycle by kind, as lookup arrays (built once per default)."""
+def _lookups(default: float) -> tuple[np.ndarray, ...]:
+    """Bandwidth share, bytes per SM cycle from HBM and from L2 (0: none), and floor scale by
+    kind, as lookup arrays (built once per default)."""
     a = _LOOKUPS.get(default)
     if a is None:
-        eff, cyc = np.full(len(OpKind), default), np.full(len(OpKind), np.inf)
-        for k, v in _MEM_EFF.items():
-            eff[k] = v
-        for k, v in _BYTES_PER_SM_CYCLE.items():
-            cyc[k] = v
-        a = _LOOKUPS[default] = (eff, cyc)
+        a = _LOOKUPS[default] = (_table(_MEM_EFF, default), _table(_BYTES_PER_SM_CYCLE, np.inf),
+                                 _table(_L2_BYTES_PER_SM_CYCLE, 0.0), _table(_FLOOR_SCALE, 1.0))
     return a
+
+
+def _table(by_kind: dict[OpKind, float], default: float) -> np.ndarray:
+    out = np.full(len(OpKind), default)
+    for k, v in by_kind.items():
+        out[k] = v
+    return out
