@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -90,7 +92,8 @@ def test_per_token_kernels_are_bound_by_sm_throughput_not_hbm():
 
 def _scalar_times(cm: RooflineCostModel, g, dev, link) -> list[float]:
     """The roofline op by op in plain floats: the oracle for the vectorized, cached model."""
-    from slicesched.cost.roofline import _BYTES_PER_SM_CYCLE, _FLOOR_SCALE, _L2_BYTES_PER_SM_CYCLE, _MEM_EFF, L2_RESIDENT_SHARE
+    from slicesched.cost.roofline import (_BYTES_PER_SM_CYCLE, _FLOOR_SCALE, _L2_BYTES_PER_SM_CYCLE, _MEM_EFF,
+                                          L2_RESIDENT_SHARE)
     from slicesched.gmg.ops import GEMM_KINDS
     rows, seqs = float(max(g.shape.num_tokens, 1)), g.shape.logits_seqs
     decode = bool((g.shape.new_tokens <= 1).all())
@@ -113,13 +116,13 @@ def _scalar_times(cm: RooflineCostModel, g, dev, link) -> list[float]:
         if dev.sm_cycles_per_s > 0 and dev.l2_bytes > 0 and kind in _L2_BYTES_PER_SM_CYCLE:
             in_l2 = min(moved, dev.l2_bytes * L2_RESIDENT_SHARE)
         tc = float(g.flops[i]) / (dev.peak_flops * eff)
-        tm = (moved - in_l2) / bw + (in_l2 / (dev.sm_cycles_per_s * _L2_BYTES_PER_SM_CYCLE[kind]) if in_l2 else 0.0)
+        tm = moved * (1.0 / bw)
+        if in_l2:
+            tm -= in_l2 * (1.0 / bw - 1.0 / (dev.sm_cycles_per_s * _L2_BYTES_PER_SM_CYCLE[kind]))
         if k in GEMM_KINDS.tolist() or kind == OpKind.LM_HEAD:
-            share = float(g.weight_bytes[i]) / dev.sm_count
-            tc = tc * (share + cm.gemm_half_weight_per_sm) / max(share, 1.0)
-            t = float(np.hypot(tc, tm)) + floor
-        else:
-            t = max(tc, tm) + floor
+            half = cm.gemm_half_weight_per_sm * dev.sm_count
+            tc = tc * (1.0 + half / max(float(g.weight_bytes[i]), float(dev.sm_count)))
+        t = math.sqrt(tc * tc + tm * tm) + floor
         if g.comm_bytes[i] > 0:
             t = cm.allreduce_time(float(g.comm_bytes[i]), g.tp, link)
         out.append(t)

@@ -1,4 +1,9 @@
-"""Roofline cost model: time = max(FLOPs / achieved compute, bytes / achieved bandwidth) + floor.
+"""Roofline cost model: time = |(FLOPs / achieved compute, bytes / achieved bandwidth)| + floor.
+
+Compute and memory traffic overlap only in part (a kernel loads its first tiles before the
+tensor cores start and writes its last after), so the two times add in quadrature, not as the
+larger one alone: that matters where they are balanced (GEMMs of 64-256 rows take ~1.4x either
+bound in Vidur's A100 and A40 profiles) and is within 1% of the larger elsewhere.
 
 Achieved fractions depend on op kind and size: a GEMM with few rows (decode) cannot fill the
 tensor cores, so its compute efficiency ramps with the token count m as m / (m + m_half);
@@ -9,12 +14,14 @@ element-wise op's operands were just written by the kernel before it: up to half
 (`DeviceSpec.l2_bytes`) of them are read from there, at a rate per SM cycle, the rest from HBM.
 Every kernel has a fixed floor instead of a blanket launch overhead: a few microseconds for
 element-wise work (`DeviceSpec.launch_overhead_s`; twice that for a norm, a block reduction),
-more for GEMMs and attention, ~50 us for an NCCL all-reduce. GEMMs: see `_gemm_times`.
+more for GEMMs and attention, ~50 us for an NCCL all-reduce. A GEMM whose weights give each SM
+only a few KB computes longer (`_fill_ramp`).
 
 The defaults are read off Vidur's published A100 and A40 profiles (`../shared/profiles/vidur/`,
-scored by `benchmarks/fidelity.py`; one constant serves both devices, in data-sheet units): measured prefill attention reaches ~30% of peak (not the 55% a
-flash-attention paper quotes), decode attention has a ~15 us floor, an all-reduce of a few
-hundred KB costs ~50 us whatever its size. A calibrated model (`cost/calibrated.py`) replaces
+scored by `benchmarks/fidelity.py`; one constant serves both devices, in data-sheet units):
+measured prefill attention reaches ~30% of peak (not the 55% a flash-attention paper quotes),
+decode attention has a ~15 us floor, an all-reduce of a few hundred KB costs ~50 us whatever its
+size. A calibrated model (`cost/calibrated.py`) replaces
 these where profiles exist.
 """
 
@@ -68,7 +75,7 @@ class RooflineCostModel:
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
-        code, bandwidth, floor, gemm, l2_cap, l2_bandwidth = self._per_kind(graph.kind, device)
+        k = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
         seqs = graph.shape.logits_seqs
         decode = bool((graph.shape.new_tokens <= 1).all())
@@ -76,39 +83,32 @@ class RooflineCostModel:
         # their rows; the LM head with the sequences it computes logits for; attention
         compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
                                 self.gemm_peak_eff * seqs / (seqs + self.gemm_half_rows),
-                                self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(code)
+                                self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(k.code)
         t_compute = graph.flops / (device.peak_flops * compute_eff)
         moved = graph.bytes_read + graph.bytes_written
-        if l2_cap is None:
-            t_mem = moved / bandwidth
-        else:
-            in_l2 = np.minimum(moved, l2_cap)
-            t_mem = (moved - in_l2) / bandwidth + in_l2 / l2_bandwidth
-        t = np.maximum(t_compute, t_mem)
-        if gemm.any():
-            t[gemm] = self._gemm_times(t_compute[gemm], t_mem[gemm], graph.weight_bytes[gemm], device)
-        t += floor
+        t_mem = moved * k.inv_bandwidth
+        if k.l2_cap is not None:  # what is read from L2 costs l2_gain less per byte
+            t_mem -= np.minimum(moved, k.l2_cap) * k.l2_gain
+        if device.sm_count > 0:
+            t_compute *= self._fill_ramp(graph.weight_bytes, k, device)
+        t = np.sqrt(t_compute * t_compute + t_mem * t_mem)  # np.hypot is ~5x slower here
+        t += k.floor
         comm = graph.comm_bytes > 0
         if comm.any():
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
         return t
 
-    def _gemm_times(self, t_compute: np.ndarray, t_mem: np.ndarray, weight_bytes: np.ndarray,
-                    device: DeviceSpec) -> np.ndarray:
-        """A GEMM's time before its floor: compute slowed where its weights, shared out among
-        the SMs, leave some idle; compute and weight streaming overlap only in part (the
-        prologue loads tiles before the tensor cores start, the epilogue writes after), so the
-        two add in quadrature instead of the slower one alone: at a balanced shape (64-256
-        rows) measured GEMMs take ~1.4x either bound (Vidur's A100 and A40 profiles)."""
-        if device.sm_count > 0:
-            share = weight_bytes / device.sm_count
-            t_compute = t_compute * (share + self.gemm_half_weight_per_sm) / np.maximum(share, 1.0)
-        return np.hypot(t_compute, t_mem)
+    @staticmethod
+    def _fill_ramp(weight_bytes: np.ndarray, k: "_KindTables", device: DeviceSpec) -> np.ndarray:
+        """How much longer a GEMM computes because its weights, shared out among the SMs, leave
+        some idle: (share + half) / share, share = weight bytes per SM; 1 for other ops (priced
+        for every op: cheaper than gathering the GEMMs)."""
+        return 1.0 + k.half_weight / np.maximum(weight_bytes, float(device.sm_count))
 
-    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> tuple[np.ndarray, ...]:
+    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> "_KindTables":
         """What depends on the op kinds alone: efficiency class (0 element-wise, 1 GEMM, 2 LM
-        head, 3 attention), achieved HBM bandwidth, floor, whether it is a GEMM, and the bytes
-        it may read from L2 and at what rate (None, None: no L2 modelled), per op. Cached by the
+        head, 3 attention), HBM seconds per byte, floor, a GEMM's fill constant, and the bytes it
+        may read from L2 and the time that saves per byte (None, None: no L2 modelled), per op. Cached by the
         identity of a read-only kind array (a builder template's, shared by all its graphs) and
         of the model and device; a writable one is computed each time."""
         key = (id(kind), id(self), id(device))
@@ -121,17 +121,20 @@ class RooflineCostModel:
         code[attn] = 3
         mem_eff, per_cycle, l2_per_cycle, floor_scale = _lookups(self.mem_eff)
         bandwidth = device.mem_bandwidth * mem_eff[kind]
-        l2_cap = l2_bandwidth = None
+        l2_cap = l2_gain = None
         if device.sm_cycles_per_s > 0:
             bandwidth = np.minimum(bandwidth, device.sm_cycles_per_s * per_cycle[kind])
             if device.l2_bytes > 0:
-                l2_bandwidth = device.sm_cycles_per_s * l2_per_cycle[kind]
-                l2_cap = np.where(l2_bandwidth > 0, device.l2_bytes * L2_RESIDENT_SHARE, 0.0)
-                l2_bandwidth[l2_bandwidth == 0] = np.inf  # reads nothing from L2
+                l2 = l2_per_cycle[kind] > 0
+                l2_cap = np.where(l2, device.l2_bytes * L2_RESIDENT_SHARE, 0.0)
+                l2_bandwidth = np.where(l2, device.sm_cycles_per_s * l2_per_cycle[kind], 1.0)
+                l2_gain = np.where(l2, 1.0 / bandwidth - 1.0 / l2_bandwidth, 0.0)
         floor = device.launch_overhead_s * floor_scale[kind]
         floor[_IS_GEMM[kind]] = max(self.gemm_floor_s, device.launch_overhead_s)
         floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
-        out = (code, bandwidth, floor, (code == 1) | (code == 2), l2_cap, l2_bandwidth)
+        gemm = (code == 1) | (code == 2)
+        half_weight = np.where(gemm, self.gemm_half_weight_per_sm * device.sm_count, 0.0)
+        out = _KindTables(code, 1.0 / bandwidth, floor, half_weight, l2_cap, l2_gain)
         if not kind.flags.writeable:
             if len(_PER_KIND) > 256:
                 _PER_KIND.clear()
@@ -156,6 +159,18 @@ class RooflineCostModel:
         if p <= 1:
             return np.zeros_like(nbytes)
         return self.allreduce_floor_s + 2 * (p - 1) * (self.allreduce_step_s + nbytes / p / (link.bandwidth * self.collective_link_eff))
+
+
+@dataclass(frozen=True, slots=True)
+class _KindTables:
+    """Per-op numbers that depend on the op kinds, the model and the device alone (`_per_kind`)."""
+
+    code: np.ndarray  # efficiency class: 0 element-wise, 1 GEMM, 2 LM head, 3 attention
+    inv_bandwidth: np.ndarray  # seconds per byte from HBM
+    floor: np.ndarray  # seconds
+    half_weight: np.ndarray  # gemm_half_weight_per_sm x SMs for GEMMs, 0 elsewhere
+    l2_cap: np.ndarray | None  # bytes read from L2 at most (None: no L2 modelled)
+    l2_gain: np.ndarray | None  # seconds per byte saved on what is read from L2
 
 
 _LOOKUPS: dict[float, tuple[np.ndarray, ...]] = {}
