@@ -2,12 +2,14 @@
 
 Profile fit (Vidur's A100/A40 measurements in `../shared/profiles/vidur/`), held out:
 - per-layer ops: fitted on Llama-2-7b and InternLM-20B, scored on phi-2 and Meta-Llama-3-8B
-  (other widths, MLP kinds, GQA ratios) on both devices;
+  (other widths, MLP kinds, GQA ratios, norm and activation kernels) on both devices (the A40
+  folder has no Llama-3-8B);
 - attention (one shape in the folder): fitted on prefill chunks <= 512 and decode batches <= 32,
   scored on the larger ones (extrapolation in size);
 - all-reduce: fitted on TP 2 and 8, scored on TP 4.
 `profile_fit_*` is the calibrated model fitted on the fit part; `roofline_*` the default roofline
-(no fitting) on the same scored rows; `roofline_all_*` the roofline on every row, GEMMs and
+(fitted to no row, but its constants were read off the whole folder, so not held out) on the
+same scored rows; `roofline_all_*` the roofline on every row, GEMMs and
 element-wise ops pooled as in issue 12's table. All: median / p90 absolute relative error.
 `roofline_vs_issue12[...]` puts each group's median / p90 beside issue 12's figure (the roofline
 before it, on Vidur's whole A100/H100 profiles; no H100 rows are in the folder, said so) and says
