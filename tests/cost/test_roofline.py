@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -77,27 +79,28 @@ def test_tp_group_op_times_include_allreduce():
 
 
 def test_per_token_kernels_are_bound_by_sm_throughput_not_hbm():
-    """A norm of many tokens takes about as long on an A40 as on an A100 (Vidur's profiles: 0.18 vs
-    0.11 ms at 4096 x 4096) although the A100 has 2.9x the bandwidth; a residual add does not."""
+    """A norm of many tokens takes 1.7x as long on an A40 as on an A100 (Vidur's profiles: 0.177 vs
+    0.104 ms at 4096 x 4096) although the A100 has 2.9x the bandwidth; a residual add 3.1x."""
     cm, m = RooflineCostModel(), model_spec("llama-2-7b")
     g = build_iteration(m, BatchShape.prefill(4096))
     a100 = cm.op_times(g, DEVICES["A100-80GB"], LINKS["local"])
     a40 = cm.op_times(g, DEVICES["A40"], LINKS["local"])
     norm, add = g.kind == OpKind.NORM, g.kind == OpKind.RESIDUAL_ADD
-    assert (a40[norm] / a100[norm]).max() < 1.6
+    assert 1.70 / 1.15 < (a40[norm] / a100[norm]).min() and (a40[norm] / a100[norm]).max() < 1.70 * 1.15
     assert (a40[add] / a100[add]).min() > 2.5
 
 
 def _scalar_times(cm: RooflineCostModel, g, dev, link) -> list[float]:
     """The roofline op by op in plain floats: the oracle for the vectorized, cached model."""
-    from slicesched.cost.roofline import _BYTES_PER_SM_CYCLE, _MEM_EFF
+    from slicesched.cost.roofline import (_BYTES_PER_SM_CYCLE, _FLOOR_SCALE, _L2_BYTES_PER_SM_CYCLE, _MEM_EFF,
+                                          L2_RESIDENT_SHARE)
     from slicesched.gmg.ops import GEMM_KINDS
     rows, seqs = float(max(g.shape.num_tokens, 1)), g.shape.logits_seqs
     decode = bool((g.shape.new_tokens <= 1).all())
     out = []
     for i, k in enumerate(g.kind.tolist()):
         kind = OpKind(k)
-        eff, floor = 0.25, dev.launch_overhead_s
+        eff, floor = 0.25, dev.launch_overhead_s * _FLOOR_SCALE.get(kind, 1.0)
         if k in GEMM_KINDS.tolist():
             eff, floor = cm.gemm_peak_eff * rows / (rows + cm.gemm_half_rows), max(cm.gemm_floor_s, floor)
         if kind == OpKind.LM_HEAD:
@@ -108,7 +111,18 @@ def _scalar_times(cm: RooflineCostModel, g, dev, link) -> list[float]:
         bw = dev.mem_bandwidth * _MEM_EFF.get(kind, cm.mem_eff)
         if dev.sm_cycles_per_s > 0:
             bw = min(bw, dev.sm_cycles_per_s * _BYTES_PER_SM_CYCLE.get(kind, float("inf")))
-        t = max(float(g.flops[i]) / (dev.peak_flops * eff), float(g.bytes_read[i] + g.bytes_written[i]) / bw) + floor
+        moved = float(g.bytes_read[i] + g.bytes_written[i])
+        in_l2 = 0.0
+        if dev.sm_cycles_per_s > 0 and dev.l2_bytes > 0 and kind in _L2_BYTES_PER_SM_CYCLE:
+            in_l2 = min(moved, dev.l2_bytes * L2_RESIDENT_SHARE)
+        tc = float(g.flops[i]) / (dev.peak_flops * eff)
+        tm = moved * (1.0 / bw)
+        if in_l2:
+            tm -= in_l2 * (1.0 / bw - 1.0 / (dev.sm_cycles_per_s * _L2_BYTES_PER_SM_CYCLE[kind]))
+        if k in GEMM_KINDS.tolist() or kind == OpKind.LM_HEAD:
+            half = cm.gemm_half_weight_per_sm * dev.sm_count
+            tc = tc * (1.0 + half / max(float(g.weight_bytes[i]), float(dev.sm_count)))
+        t = math.sqrt(tc * tc + tm * tm) + floor
         if g.comm_bytes[i] > 0:
             t = cm.allreduce_time(float(g.comm_bytes[i]), g.tp, link)
         out.append(t)

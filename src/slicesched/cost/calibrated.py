@@ -4,7 +4,8 @@ Every op kind gets a physically shaped model, linear in non-negative coefficient
 can only grow with work and extrapolates sanely to shapes, sizes and models never measured:
 
     GEMM          t = floor + flops / F + weight_bytes / Bw + activation_bytes / Ba
-    element-wise  t = floor + bytes / B + flops / F
+    element-wise  t = floor + HBM bytes / B + L2 bytes / B_L2 + flops / F   (operands up to half
+                    the device's L2 are read from it, as the roofline has it)
     attention     t = floor + flops / F + bytes / B + seqs * per-sequence cost
                     + (FLOPs or KV bytes of one sequence) / per-sequence rate  (prefill and decode apart:
                     a kernel parallel over sequences is as slow as its longest sequence when few)
@@ -39,13 +40,14 @@ from slicesched.hardware.specs import DEVICES, LINKS, DeviceSpec, LinkSpec
 #: Features of each family; "one" is the floor. Units decide how a fit moves to another device.
 FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm": ("one", "flops", "weight_bytes", "act_bytes"),
-    "elementwise": ("one", "bytes", "flops"),
+    "elementwise": ("one", "hbm_bytes", "l2_bytes", "flops"),
     "attention_prefill": ("one", "flops", "bytes", "seqs", "flops_per_seq"),
     "attention_decode": ("one", "bytes", "seqs", "flops", "bytes_per_seq"),
     "all_reduce": ("one", "steps", "ring_bytes"),
     "send_recv": ("one", "bytes"),
 }
-_COMPUTE, _MEMORY = {"flops", "flops_per_seq"}, {"bytes", "weight_bytes", "act_bytes", "ring_bytes", "bytes_per_seq"}
+_COMPUTE = {"flops", "flops_per_seq"}
+_MEMORY = {"bytes", "weight_bytes", "act_bytes", "ring_bytes", "bytes_per_seq", "hbm_bytes", "l2_bytes"}
 
 
 def family(label: str) -> str:
@@ -71,6 +73,9 @@ def feature_matrix(fam: str, cols: dict[str, np.ndarray]) -> np.ndarray:
     for f in FAMILIES[fam]:
         if f == "one":
             out.append(np.ones(n))
+        elif f in ("hbm_bytes", "l2_bytes"):
+            in_l2 = np.minimum(cols["bytes"], cols["l2_cap"])
+            out.append(in_l2 if f == "l2_bytes" else cols["bytes"] - in_l2)
         elif f.endswith("_per_seq"):
             out.append(np.asarray(cols[f[:-len("_per_seq")]], np.float64) / np.maximum(cols["seqs"], 1))
         else:
@@ -78,12 +83,21 @@ def feature_matrix(fam: str, cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.stack(out, 1)
 
 
+def l2_cap(device: str | DeviceSpec) -> float:
+    """Bytes of an op's operands read from L2 at most (0: a device without a modelled L2)."""
+    from slicesched.cost.roofline import L2_RESIDENT_SHARE
+
+    spec = DEVICES.get(device) if isinstance(device, str) else device
+    return spec.l2_bytes * L2_RESIDENT_SHARE if spec is not None else 0.0
+
+
 def profile_features(df: pd.DataFrame) -> dict[str, np.ndarray]:
     b, w, p = (df[c].to_numpy(np.float64) for c in ("bytes", "weight_bytes", "workers"))
     p = np.maximum(p, 1)
     return {"flops": df["flops"].to_numpy(np.float64), "bytes": b, "weight_bytes": w,
             "act_bytes": np.maximum(b - w, 0), "seqs": df["seqs"].to_numpy(np.float64),
-            "steps": 2 * (p - 1), "ring_bytes": 2 * (p - 1) / p * b}
+            "steps": 2 * (p - 1), "ring_bytes": 2 * (p - 1) / p * b,
+            "l2_cap": df["device"].map(l2_cap).to_numpy(np.float64)}
 
 
 def residual_key_x(fam: str, cols: dict[str, np.ndarray], rows: np.ndarray, workers: np.ndarray
@@ -203,7 +217,7 @@ def _fits_of(path: str, mtime: float, residuals: bool) -> tuple[dict[tuple[str, 
     return fit_profile(prof, residuals), StageFits.fit(prof.df)
 
 
-def graph_features(graph: IterationGraph) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def graph_features(graph: IterationGraph, device: DeviceSpec | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     rows = np.full(graph.num_ops, float(max(graph.shape.num_tokens, 1)))
     head = (graph.kind == OpKind.LM_HEAD) | (graph.kind == OpKind.SAMPLE)
     rows[head] = graph.shape.logits_seqs
@@ -212,7 +226,8 @@ def graph_features(graph: IterationGraph) -> tuple[dict[str, np.ndarray], np.nda
     p = max(graph.tp, 1)
     cols = {"flops": graph.flops, "bytes": b, "weight_bytes": graph.weight_bytes,
             "act_bytes": np.maximum(b - graph.weight_bytes, 0), "seqs": np.full(graph.num_ops, float(graph.shape.num_seqs)),
-            "steps": np.full(graph.num_ops, 2.0 * (p - 1)), "ring_bytes": 2 * (p - 1) / p * graph.comm_bytes}
+            "steps": np.full(graph.num_ops, 2.0 * (p - 1)), "ring_bytes": 2 * (p - 1) / p * graph.comm_bytes,
+            "l2_cap": np.full(graph.num_ops, l2_cap(device) if device is not None else 0.0)}
     return cols, rows
 
 
@@ -263,7 +278,7 @@ class CalibratedCostModel:
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
         t = np.full(graph.num_ops, np.nan)
-        cols, rows = graph_features(graph)
+        cols, rows = graph_features(graph, device)
         workers = np.full(graph.num_ops, float(graph.tp))
         for k in np.unique(graph.kind):
             m = graph.kind == k

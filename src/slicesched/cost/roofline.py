@@ -1,17 +1,27 @@
-"""Roofline cost model: time = max(FLOPs / achieved compute, bytes / achieved bandwidth) + floor.
+"""Roofline cost model: time = |(FLOPs / achieved compute, bytes / achieved bandwidth)| + floor.
+
+Compute and memory traffic overlap only in part (a kernel loads its first tiles before the
+tensor cores start and writes its last after), so the two times add in quadrature, not as the
+larger one alone: that matters where they are balanced (GEMMs of 64-256 rows take ~1.4x either
+bound in Vidur's A100 and A40 profiles) and is within 1% of the larger elsewhere.
 
 Achieved fractions depend on op kind and size: a GEMM with few rows (decode) cannot fill the
 tensor cores, so its compute efficiency ramps with the token count m as m / (m + m_half);
 memory-bound kernels reach a share of HBM bandwidth (a residual add ~90%), and kernels that run
 one block per token (norms, RoPE, the activation, the embedding gather) stream at most a few
-bytes per SM cycle (`DeviceSpec.sm_cycles_per_s`), which on an A100 is far below its HBM. Every kernel has
-a fixed floor instead of a blanket launch overhead: a few microseconds for element-wise work
-(`DeviceSpec.launch_overhead_s`), more for GEMMs and attention, ~50 us for an NCCL all-reduce.
+bytes per SM cycle (`DeviceSpec.sm_cycles_per_s`), which on an A100 is far below its HBM. An
+element-wise op's operands were just written by the kernel before it: up to half the L2
+(`DeviceSpec.l2_bytes`) of them are read from there, at a rate per SM cycle, the rest from HBM.
+Every kernel has a fixed floor instead of a blanket launch overhead: a few microseconds for
+element-wise work (`DeviceSpec.launch_overhead_s`; twice that for a norm, a block reduction),
+more for GEMMs and attention, ~50 us for an NCCL all-reduce. A GEMM whose weights give each SM
+only a few KB computes longer (`_fill_ramp`).
 
-The defaults are read off Vidur's published A100 profiles (`../shared/profiles/vidur/`, scored by
-`benchmarks/fidelity.py`): measured prefill attention reaches ~30% of peak (not the 55% a
-flash-attention paper quotes), decode attention has a ~15 us floor, an all-reduce of a few
-hundred KB costs ~50 us whatever its size. A calibrated model (`cost/calibrated.py`) replaces
+The defaults are read off Vidur's published A100 and A40 profiles (`../shared/profiles/vidur/`,
+scored by `benchmarks/fidelity.py`; one constant serves both devices, in data-sheet units):
+measured prefill attention reaches ~30% of peak (not the 55% a flash-attention paper quotes),
+decode attention has a ~15 us floor, an all-reduce of a few hundred KB costs ~50 us whatever its
+size. A calibrated model (`cost/calibrated.py`) replaces
 these where profiles exist.
 """
 
@@ -30,18 +40,30 @@ _IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin p
 _IS_GEMM[GEMM_KINDS] = True
 
 #: Share of HBM bandwidth a memory-bound kernel of each kind reaches; other kinds `mem_eff`.
-_MEM_EFF = {OpKind.NORM: 0.70, OpKind.RESIDUAL_ADD: 0.90}
+_MEM_EFF = {OpKind.NORM: 0.55, OpKind.RESIDUAL_ADD: 0.85}
 #: Bytes per SM cycle a kernel of each kind streams at most: norms, RoPE, the activation and
 #: the embedding gather run a block per token and are bound by SM throughput, not HBM (the
 #: A100 and A40 profiles agree in these units while their bandwidth shares differ 3x).
-_BYTES_PER_SM_CYCLE = {OpKind.NORM: 5.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 6.0, OpKind.EMBED: 3.0}
+_BYTES_PER_SM_CYCLE = {OpKind.NORM: 4.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 7.0, OpKind.EMBED: 3.0}
+#: Bytes per SM cycle of the part of an element-wise op's operands read from L2: a residual add
+#: is bound there only by the L2's ports; a norm's loads wait half as long as on HBM, and being
+#: latency-bound it streams twice the bytes; RoPE and the activation gain only the HBM bound.
+#: Kinds not listed read everything from HBM.
+_L2_BYTES_PER_SM_CYCLE = {OpKind.NORM: 8.0, OpKind.ROPE: 6.0, OpKind.MLP_ACT: 7.0, OpKind.RESIDUAL_ADD: 16.0}
+L2_RESIDENT_SHARE = 0.5  # of the L2, what an op's operands may occupy (the rest: weights, other data)
+#: Floor of each kind as a multiple of the device's launch overhead: a norm is a block reduction
+#: (a pass for the statistics, a sync, a pass to scale); a residual add is the simplest kernel.
+_FLOOR_SCALE = {OpKind.NORM: 2.0, OpKind.RESIDUAL_ADD: 0.75}
 
 
 @COST_MODELS.register("roofline")
 @dataclass(frozen=True, slots=True)
 class RooflineCostModel:
     gemm_peak_eff: float = 0.75  # share of peak FLOP/s a large bf16 GEMM reaches
-    gemm_half_rows: float = 64.0  # rows at which a GEMM reaches half of gemm_peak_eff
+    gemm_half_rows: float = 16.0  # rows at which a GEMM reaches half of gemm_peak_eff
+    # weight bytes per SM at which a GEMM keeps half its SMs busy: a matrix whose share per SM is
+    # a fraction of one 128x128 bf16 tile (32 KB) leaves SMs idle in the last wave
+    gemm_half_weight_per_sm: float = 4e3
     attn_compute_eff: float = 0.30  # prefill attention vs peak (measured, FlashAttention on A100)
     attn_decode_compute_eff: float = 0.50
     mem_eff: float = 0.80  # share of HBM bandwidth a streaming kernel reaches (kinds not in _MEM_EFF)
@@ -53,7 +75,7 @@ class RooflineCostModel:
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
-        code, bandwidth, floor = self._per_kind(graph.kind, device)
+        k = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
         seqs = graph.shape.logits_seqs
         decode = bool((graph.shape.new_tokens <= 1).all())
@@ -61,21 +83,34 @@ class RooflineCostModel:
         # their rows; the LM head with the sequences it computes logits for; attention
         compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
                                 self.gemm_peak_eff * seqs / (seqs + self.gemm_half_rows),
-                                self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(code)
+                                self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(k.code)
         t_compute = graph.flops / (device.peak_flops * compute_eff)
-        t_mem = (graph.bytes_read + graph.bytes_written) / bandwidth
-        t = np.maximum(t_compute, t_mem)
-        t += floor
+        moved = graph.bytes_read + graph.bytes_written
+        t_mem = moved * k.inv_bandwidth
+        if k.l2_cap is not None:  # what is read from L2 costs l2_gain less per byte
+            t_mem -= np.minimum(moved, k.l2_cap) * k.l2_gain
+        if device.sm_count > 0:
+            t_compute *= self._fill_ramp(graph.weight_bytes, k, device)
+        t = np.sqrt(t_compute * t_compute + t_mem * t_mem)  # np.hypot is ~5x slower here
+        t += k.floor
         comm = graph.comm_bytes > 0
         if comm.any():
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
         return t
 
-    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    @staticmethod
+    def _fill_ramp(weight_bytes: np.ndarray, k: "_KindTables", device: DeviceSpec) -> np.ndarray:
+        """How much longer a GEMM computes because its weights, shared out among the SMs, leave
+        some idle: (share + half) / share, share = weight bytes per SM; 1 for other ops (priced
+        for every op: cheaper than gathering the GEMMs)."""
+        return 1.0 + k.half_weight / np.maximum(weight_bytes, float(device.sm_count))
+
+    def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> "_KindTables":
         """What depends on the op kinds alone: efficiency class (0 element-wise, 1 GEMM, 2 LM
-        head, 3 attention), achieved bandwidth and floor per op. Cached by the identity of a
-        read-only kind array (a builder template's, shared by all its graphs) and of the model
-        and device; a writable one is computed each time."""
+        head, 3 attention), HBM seconds per byte, floor, a GEMM's fill constant, and the bytes it
+        may read from L2 and the time that saves per byte (None, None: no L2 modelled), per op. Cached by the
+        identity of a read-only kind array (a builder template's, shared by all its graphs) and
+        of the model and device; a writable one is computed each time."""
         key = (id(kind), id(self), id(device))
         hit = _PER_KIND.get(key)
         if hit is not None and hit[0] is kind and hit[1] is self and hit[2] is device:
@@ -84,14 +119,22 @@ class RooflineCostModel:
         code[kind == OpKind.LM_HEAD] = 2
         attn = kind == OpKind.ATTENTION
         code[attn] = 3
-        mem_eff, per_cycle = _lookups(self.mem_eff)
+        mem_eff, per_cycle, l2_per_cycle, floor_scale = _lookups(self.mem_eff)
         bandwidth = device.mem_bandwidth * mem_eff[kind]
+        l2_cap = l2_gain = None
         if device.sm_cycles_per_s > 0:
             bandwidth = np.minimum(bandwidth, device.sm_cycles_per_s * per_cycle[kind])
-        floor = np.full(len(kind), device.launch_overhead_s)
+            if device.l2_bytes > 0:
+                l2 = l2_per_cycle[kind] > 0
+                l2_cap = np.where(l2, device.l2_bytes * L2_RESIDENT_SHARE, 0.0)
+                l2_bandwidth = np.where(l2, device.sm_cycles_per_s * l2_per_cycle[kind], 1.0)
+                l2_gain = np.where(l2, 1.0 / bandwidth - 1.0 / l2_bandwidth, 0.0)
+        floor = device.launch_overhead_s * floor_scale[kind]
         floor[_IS_GEMM[kind]] = max(self.gemm_floor_s, device.launch_overhead_s)
         floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
-        out = (code, bandwidth, floor)
+        gemm = (code == 1) | (code == 2)
+        half_weight = np.where(gemm, self.gemm_half_weight_per_sm * device.sm_count, 0.0)
+        out = _KindTables(code, 1.0 / bandwidth, floor, half_weight, l2_cap, l2_gain)
         if not kind.flags.writeable:
             if len(_PER_KIND) > 256:
                 _PER_KIND.clear()
@@ -118,18 +161,34 @@ class RooflineCostModel:
         return self.allreduce_floor_s + 2 * (p - 1) * (self.allreduce_step_s + nbytes / p / (link.bandwidth * self.collective_link_eff))
 
 
-_LOOKUPS: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+@dataclass(frozen=True, slots=True)
+class _KindTables:
+    """Per-op numbers that depend on the op kinds, the model and the device alone (`_per_kind`)."""
+
+    code: np.ndarray  # efficiency class: 0 element-wise, 1 GEMM, 2 LM head, 3 attention
+    inv_bandwidth: np.ndarray  # seconds per byte from HBM
+    floor: np.ndarray  # seconds
+    half_weight: np.ndarray  # gemm_half_weight_per_sm x SMs for GEMMs, 0 elsewhere
+    l2_cap: np.ndarray | None  # bytes read from L2 at most (None: no L2 modelled)
+    l2_gain: np.ndarray | None  # seconds per byte saved on what is read from L2
+
+
+_LOOKUPS: dict[float, tuple[np.ndarray, ...]] = {}
 _PER_KIND: dict[tuple[int, int, int], tuple] = {}  # see RooflineCostModel._per_kind
 
 
-def _lookups(default: float) -> tuple[np.ndarray, np.ndarray]:
-    """Bandwidth share and bytes per SM cycle by kind, as lookup arrays (built once per default)."""
+def _lookups(default: float) -> tuple[np.ndarray, ...]:
+    """Bandwidth share, bytes per SM cycle from HBM and from L2 (0: none), and floor scale by
+    kind, as lookup arrays (built once per default)."""
     a = _LOOKUPS.get(default)
     if a is None:
-        eff, cyc = np.full(len(OpKind), default), np.full(len(OpKind), np.inf)
-        for k, v in _MEM_EFF.items():
-            eff[k] = v
-        for k, v in _BYTES_PER_SM_CYCLE.items():
-            cyc[k] = v
-        a = _LOOKUPS[default] = (eff, cyc)
+        a = _LOOKUPS[default] = (_table(_MEM_EFF, default), _table(_BYTES_PER_SM_CYCLE, np.inf),
+                                 _table(_L2_BYTES_PER_SM_CYCLE, 0.0), _table(_FLOOR_SCALE, 1.0))
     return a
+
+
+def _table(by_kind: dict[OpKind, float], default: float) -> np.ndarray:
+    out = np.full(len(OpKind), default)
+    for k, v in by_kind.items():
+        out[k] = v
+    return out

@@ -93,3 +93,28 @@ def error_table(model: CostModel, profile: Profile, coarse: bool = False) -> pd.
     return (frame.groupby(["device", "group"])
             .agg(rows=("err", "size"), median_pct=("err", "median"), p90_pct=("err", lambda e: np.percentile(e, 90)),
                  ratio=("ratio", "median")).reset_index())
+
+
+#: Issue 12's table: the default roofline's median / p90 absolute relative error (%) per `COARSE`
+#: group before that issue, on Vidur's public A100 and H100 profiles (a superset of the A100
+#: files in `../shared/profiles/vidur/`, which holds no H100 data). The bar the roofline must beat.
+ISSUE_12_ROOFLINE = {
+    ("A100-80GB", "gemm"): (5.6, 16.5), ("A100-80GB", "elementwise"): (37.5, 68.6),
+    ("A100-80GB", "attention_prefill"): (55.9, 69.4), ("A100-80GB", "attention_decode"): (16.3, 46.5),
+    ("A100-80GB", "all_reduce_tp2"): (46.8, 72.9), ("A100-80GB", "all_reduce_tp4"): (37.0, 47.3),
+    ("A100-80GB", "all_reduce_tp8"): (27.8, 38.1),
+    ("H100-80GB", "gemm"): (9.7, 27.8), ("H100-80GB", "elementwise"): (33.5, 67.4),
+    ("H100-80GB", "all_reduce_tp2"): (24.7, 64.3), ("H100-80GB", "all_reduce_tp4"): (4.9, 39.8),
+    ("H100-80GB", "all_reduce_tp8"): (7.7, 52.8),
+}
+
+#: The same roofline (commit 69ac0c9: 4 us launch overhead, 55% attention, no floors) scored by
+#: this module on `../shared/profiles/vidur/` as imported now: the like-for-like "before" per
+#: group, and the only one for the A40, which issue 12's table lacks.
+ORIGINAL_ROOFLINE_ON_FOLDER = {
+    ("A100-80GB", "gemm"): (6.16, 16.83), ("A100-80GB", "elementwise"): (38.36, 71.07),
+    ("A100-80GB", "attention_prefill"): (52.58, 71.65), ("A100-80GB", "attention_decode"): (23.44, 56.87),
+    ("A100-80GB", "all_reduce_tp2"): (46.79, 72.89), ("A100-80GB", "all_reduce_tp4"): (36.97, 47.26),
+    ("A100-80GB", "all_reduce_tp8"): (27.85, 38.05),
+    ("A40", "gemm"): (6.66, 19.12), ("A40", "elementwise"): (13.51, 52.06),
+}

@@ -78,6 +78,7 @@ def _mlp(f: Path, root: Path) -> pd.DataFrame:
     df = _read(f, (*_SHAPE, "num_tokens", "num_tensor_parallel_workers"))
     model = "/".join(f.relative_to(root).parts[2:4])
     ops = [o for o in MLP_OPS if f"time_stats.{o}.median" in df.columns]
+    per_add = 1 / _adds_timed(df)
     rows = []
     for _, r in df.iterrows():
         m, tp, T = vidur_model(r, model), int(r["num_tensor_parallel_workers"]), int(r["num_tokens"])
@@ -89,9 +90,18 @@ def _mlp(f: Path, root: Path) -> pd.DataFrame:
             if len(at) <= nth or not np.isfinite(r[f"time_stats.{o}.median"]):
                 continue  # e.g. no RoPE op in a model with learned positions
             i = at[nth]
+            share = per_add if o == "add" else 1.0
             rows.append((kind.name.lower(), "", model, tp, 1, T, g.flops[i], g.bytes_read[i] + g.bytes_written[i],
-                         g.weight_bytes[i], 1, r[f"time_stats.{o}.median"] * 1e-3, r[f"time_stats.{o}.std"] * 1e-3))
+                         g.weight_bytes[i], 1, r[f"time_stats.{o}.median"] * 1e-3 * share,
+                         r[f"time_stats.{o}.std"] * 1e-3 * share))
     return _frame(rows, _device(f, root))
+
+
+def _adds_timed(df: pd.DataFrame) -> int:
+    """Residual adds inside Vidur's `add` timer: one where the block has a post-attention norm;
+    in a parallel block (phi-2: no `post_attention_layernorm` column) the timer covers
+    `attn + mlp + residual`, two kernels of the same size, so each is half the time."""
+    return 1 if "time_stats.post_attention_layernorm.median" in df.columns else 2
 
 
 _COLS = ["kind", "phase", "model", "tp", "workers", "rows", "flops", "bytes", "weight_bytes", "seqs",
