@@ -51,6 +51,9 @@ class RooflineCostModel:
     attn_floor_s: float = 15e-6  # fixed cost of one attention kernel (prefill or decode)
     allreduce_floor_s: float = 40e-6  # fixed cost of one all-reduce (NCCL launch and handshake)
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
+    # an op's time depends on its own numbers and the graph's shape and tp alone, so the times
+    # of a pipeline stage's ops are those of the same ops in the whole iteration (`TimingCache`)
+    prices_ops_alone = True
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
         code, bandwidth, floor = self._per_kind(graph.kind, device)

@@ -115,6 +115,10 @@ class IterationGraph:
     # Cross-slice dependencies when the builder knows them (a chain); else derived from edges.
     slice_dep_src: np.ndarray | None = field(repr=False, default=None)
     slice_dep_dst: np.ndarray | None = field(repr=False, default=None)
+    # A pipeline stage's part: the whole iteration it was cut from, whose ops op_lo.. are its ops
+    # (numbers are views of the whole's), so a cost model may price the whole once for all stages.
+    whole: "IterationGraph | None" = field(repr=False, default=None)
+    op_lo: int = field(repr=False, default=0)
 
     @property
     def num_ops(self) -> int:

@@ -73,6 +73,9 @@ class TimingCache:
         self._by_group: dict[int, tuple[Variant, DeviceSpec, LinkSpec]] = {}
         self._timings: dict[tuple[int, Variant], SliceTiming] = {}
         self._ops: dict[tuple[int, Variant], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # whole iterations whose pipeline stages are priced from one call (see `_price`)
+        self._wholes: dict[tuple[int, Variant], tuple[IterationGraph, np.ndarray]] = {}
+        self._stage_views = getattr(cost, "prices_ops_alone", False)
 
     def variant(self, group: int) -> Variant:
         v = self._by_group.get(group)
@@ -97,8 +100,24 @@ class TimingCache:
         if o is None:
             _, spec, link = self._by_group[group]
             g = graph_for_size(graph, model, variant[0])
-            o = self._ops[(key, variant)] = (self.cost.op_times(g, spec, link), g.slice_first, g.slice_count)
+            o = self._ops[(key, variant)] = (self._price(g, variant, spec, link), g.slice_first, g.slice_count)
         return o
+
+    def _price(self, g: IterationGraph, variant: Variant, spec: DeviceSpec, link: LinkSpec) -> np.ndarray:
+        """The cost model's op times; a pipeline stage's are a view of its whole iteration's,
+        priced once for all its stages when the model prices each op on its own (the same
+        numbers: the whole's op arrays are the stages' and its shape and tp theirs)."""
+        w = g.whole
+        if w is None or not self._stage_views or w.tp != g.tp:
+            return self.cost.op_times(g, spec, link)
+        hit = self._wholes.get((id(w), variant))
+        if hit is None or hit[0] is not w:
+            if len(self._wholes) >= 64:  # a few micro-batches are in flight at a time
+                self._wholes.clear()
+            t = self.cost.op_times(w, spec, link)
+            t.flags.writeable = False  # shared by the stages' views
+            hit = self._wholes[(id(w), variant)] = (w, t)  # keeps w alive: its id stays its own
+        return hit[1][g.op_lo: g.op_lo + g.num_ops]
 
     def forget(self, key: int) -> None:
         """Drop an iteration's timings (it finished)."""
