@@ -441,9 +441,7 @@ class GlobalMappingGraph:
         base, key = self._next_id, self._next_key
         self._next_id += n
         self._next_key += 1
-        lo = base & self._mask
-        # no wrap around the ring: a plain slice writes much faster than an index array
-        idx = slice(lo, lo + n) if lo + n <= self._cap else np.arange(base, base + n) & self._mask
+        idx = self.rows(base, n)
         st = _structure(graph)
         c = self._cols
         c["tenant"][idx] = self.tenant_index[graph.tenant]
@@ -481,8 +479,13 @@ class GlobalMappingGraph:
 
     # ---- mapping and state (called by backends) -------------------------------------------
     def map(self, first: int, group: int, count: int = 1) -> None:
-        ids = np.arange(first, first + count) & self._mask
-        self._cols["group"][ids] = group
+        self._cols["group"][self.rows(first, count)] = group
+
+    def rows(self, first: int, count: int) -> slice | np.ndarray:
+        """Ring rows of slices first..first+count-1: a plain slice unless they wrap around the
+        ring (a slice reads and writes much faster than an index array)."""
+        lo = first & self._mask
+        return slice(lo, lo + count) if lo + count <= self._cap else np.arange(first, first + count) & self._mask
 
     def start(self, slice_id: int, t: float) -> None:
         i = slice_id & self._mask

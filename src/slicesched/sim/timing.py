@@ -23,6 +23,7 @@ from slicesched.hardware.cluster import Cluster
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 from slicesched.models.spec import ModelSpec
 
+_MIN = np.minimum.reduce
 Variant = tuple[int, str, str]  # (group size, device type, intra-group link)
 
 
@@ -42,10 +43,10 @@ class SliceTiming:
     def from_ops(cls, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> "SliceTiming":
         cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
         cum[0] = 0.0
-        np.cumsum(op_dur, out=cum[1:])
+        op_dur.cumsum(out=cum[1:])  # methods and ufuncs, not np.cumsum / .min(): no Python wrapper
         per_slice = cum.take(first + count)
         per_slice -= cum.take(first)
-        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, bool(per_slice.min(initial=1.0) > 0))
+        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, bool(_MIN(per_slice, initial=1.0) > 0))
 
     def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Start and end of every op of slice `local` that started at `start` (ops run back to back)."""
