@@ -103,6 +103,8 @@ def _structure(graph: IterationGraph) -> _Structure:
     return st
 
 
+_NO_SLICES = np.zeros(0, np.int64)
+_NO_SLICES.flags.writeable = False
 _FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_bytes", "kv_bytes")
 _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
              ("group", np.int32), ("home", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
@@ -611,6 +613,8 @@ class GlobalMappingGraph:
 
     def unmapped_ready(self) -> np.ndarray:
         """Ready slices not mapped to a group, sorted (exact unsettled: what a backend buffers is mapped)."""
+        if not self._ready:  # the common case between iterations
+            return _NO_SLICES
         r = self.raw_ready()
         return r[self._cols["group"][r & self._mask] < 0]
 
