@@ -26,6 +26,7 @@ from slicesched.gmg.ops import GEMM_KINDS, IterationGraph, OpKind
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 
 
+_ANY = np.logical_or.reduce
 _IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin per call
 _IS_GEMM[GEMM_KINDS] = True
 
@@ -59,7 +60,7 @@ class RooflineCostModel:
         code, bandwidth, floor = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
         seqs = graph.shape.logits_seqs
-        decode = bool((graph.shape.new_tokens <= 1).all())
+        decode = not _ANY(graph.shape.new_tokens > 1)  # all <= 1 (ufunc: no Python wrapper)
         # compute efficiency by `code`: element-wise work runs on CUDA cores; GEMMs ramp with
         # their rows; the LM head with the sequences it computes logits for; attention
         compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
@@ -70,7 +71,7 @@ class RooflineCostModel:
         t = np.maximum(t_compute, t_mem)
         t += floor
         comm = graph.comm_bytes > 0
-        if comm.any():
+        if _ANY(comm):
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
         return t
 

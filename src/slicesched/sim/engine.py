@@ -55,6 +55,7 @@ _ALL: frozenset[int] = frozenset()  # `execute(wake="slice")`: every group watch
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
 # plain ints: comparing with an enum member costs an attribute lookup in the hot loop
 _SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
+_ANY = np.logical_or.reduce  # `.any()` without its Python wrapper (hot paths)
 _new_run = tuple.__new__  # Run(...) without the generated __new__'s Python frame (hot loop)
 
 
@@ -704,20 +705,20 @@ class Simulator(SegmentMixin, WeightsMixin):
         self._split_covering(first, first + n - 1)
         idx = self.gmg.rows(first, n)  # the rows are read as views, not gathered
         state = self.gmg.raw("state")[idx]
-        if (state > _READY).any():
+        if _ANY(state > _READY):
             raise ValueError(f"placement of slice {first + int((state > _READY).argmax())}: already started")
         ready = state == _READY  # as the rows stand before any unplacing below
         ev: list[Event] = []
         mapped = self.gmg.raw("group")[idx] >= 0  # none for a fresh iteration
-        if mapped.any():
+        if _ANY(mapped):
             committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
-            for x in (np.flatnonzero(mapped) + first).tolist():
+            for x in (mapped.nonzero()[0] + first).tolist():
                 if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
                     ev += self._unplace(x)
         self.gmg.map(first, g, n)
         j = first - info.base
         some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[j: j + n]
-        for x in (np.flatnonzero(ready | some_pred_done) + first).tolist():
+        for x in ((ready | some_pred_done).nonzero()[0] + first).tolist():
             ev += self._on_mapped(x, g, info)
         return ev
 

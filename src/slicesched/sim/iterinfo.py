@@ -16,7 +16,9 @@ from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
+# A value (never changed after construction), not `frozen`: a frozen dataclass's __init__ costs
+# ~10x more with these many fields, and one is made per iteration (as Chain and Segment, segments.py)
+@dataclass(slots=True)
 class IterInfo:
     key: int
     base: int  # global id of local slice 0

@@ -27,7 +27,7 @@ _MIN = np.minimum.reduce
 Variant = tuple[int, str, str]  # (group size, device type, intra-group link)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a value, never changed; not `frozen`: made per iteration (see IterInfo)
 class SliceTiming:
     """Durations of every op and slice of one iteration on one group variant."""
 
