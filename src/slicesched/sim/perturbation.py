@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-
 from numpy.random.bit_generator import ISeedSequence
 
 from slicesched.sim.timing import SliceTiming, Variant
@@ -62,8 +61,6 @@ class Perturbation:
             return SliceTiming.from_ops(op_dur, first, count)
         mean, sigma = _lognormal(self.duration_cv)
         tag = _tag(variant)
-        # = np.random.default_rng((seed, key, tag)), without its per-call overhead (a replay
-        # draws once per iteration)
         noise = _rng(self.seed, key, tag).lognormal(mean, sigma, len(op_dur))
         return SliceTiming.from_ops(op_dur * noise, first, count)
 
