@@ -36,6 +36,7 @@ from slicesched.gmg.ops import GEMM_KINDS, IterationGraph, OpKind
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 
 
+_ANY = np.logical_or.reduce
 _IS_GEMM = np.zeros(len(OpKind), bool)  # lookup by kind: cheaper than np.isin per call
 _IS_GEMM[GEMM_KINDS] = True
 
@@ -73,12 +74,15 @@ class RooflineCostModel:
     attn_floor_s: float = 15e-6  # fixed cost of one attention kernel (prefill or decode)
     allreduce_floor_s: float = 40e-6  # fixed cost of one all-reduce (NCCL launch and handshake)
     allreduce_step_s: float = 2e-6  # latency of each of the ring's 2(p-1) steps
+    # an op's time depends on its own numbers and the graph's shape and tp alone, so the times
+    # of a pipeline stage's ops are those of the same ops in the whole iteration (`TimingCache`)
+    prices_ops_alone = True
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
         k = self._per_kind(graph.kind, device)
         rows = float(max(graph.shape.num_tokens, 1))
         seqs = graph.shape.logits_seqs
-        decode = bool((graph.shape.new_tokens <= 1).all())
+        decode = not _ANY(graph.shape.new_tokens > 1)  # all <= 1 (ufunc: no Python wrapper)
         # compute efficiency by `code`: element-wise work runs on CUDA cores; GEMMs ramp with
         # their rows; the LM head with the sequences it computes logits for; attention
         compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
@@ -94,7 +98,7 @@ class RooflineCostModel:
         t = np.sqrt(t_compute * t_compute + t_mem * t_mem)  # np.hypot is ~5x slower here
         t += k.floor
         comm = graph.comm_bytes > 0
-        if comm.any():
+        if _ANY(comm):
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
         return t
 

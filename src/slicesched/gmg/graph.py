@@ -103,6 +103,8 @@ def _structure(graph: IterationGraph) -> _Structure:
     return st
 
 
+_NO_SLICES = np.zeros(0, np.int64)
+_NO_SLICES.flags.writeable = False
 _FLOAT_COLS = ("ready_t", "start_t", "end_t", "flops", "weight_bytes", "out_bytes", "kv_bytes")
 _INT_COLS = (("tenant", np.int16), ("iteration", np.int64), ("local", np.int32), ("state", np.int8),
              ("group", np.int32), ("home", np.int32), ("preds_left", np.int32), ("wb_lo", np.int16), ("wb_hi", np.int16))
@@ -465,9 +467,7 @@ class GlobalMappingGraph:
         base, key = self._next_id, self._next_key
         self._next_id += n
         self._next_key += 1
-        lo = base & self._mask
-        # no wrap around the ring: a plain slice writes much faster than an index array
-        idx = slice(lo, lo + n) if lo + n <= self._cap else np.arange(base, base + n) & self._mask
+        idx = self.rows(base, n)
         st = _structure(graph)
         c = self._cols
         c["tenant"][idx] = self.tenant_index[graph.tenant]
@@ -505,8 +505,13 @@ class GlobalMappingGraph:
 
     # ---- mapping and state (called by backends) -------------------------------------------
     def map(self, first: int, group: int, count: int = 1) -> None:
-        ids = np.arange(first, first + count) & self._mask
-        self._cols["group"][ids] = group
+        self._cols["group"][self.rows(first, count)] = group
+
+    def rows(self, first: int, count: int) -> slice | np.ndarray:
+        """Ring rows of slices first..first+count-1: a plain slice unless they wrap around the
+        ring (a slice reads and writes much faster than an index array)."""
+        lo = first & self._mask
+        return slice(lo, lo + count) if lo + count <= self._cap else np.arange(first, first + count) & self._mask
 
     def start(self, slice_id: int, t: float) -> None:
         i = slice_id & self._mask
@@ -632,6 +637,8 @@ class GlobalMappingGraph:
 
     def unmapped_ready(self) -> np.ndarray:
         """Ready slices not mapped to a group, sorted (exact unsettled: what a backend buffers is mapped)."""
+        if not self._ready:  # the common case between iterations
+            return _NO_SLICES
         r = self.raw_ready()
         return r[self._cols["group"][r & self._mask] < 0]
 

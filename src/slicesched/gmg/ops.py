@@ -20,6 +20,9 @@ from enum import IntEnum
 import numpy as np
 
 
+_SUM = np.add.reduce  # `.sum()` without its Python wrapper: a batch's counts are read per build
+
+
 class OpKind(IntEnum):
     EMBED = 0
     NORM = 1
@@ -71,7 +74,7 @@ class BatchShape:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.new_tokens.sum())
+        return int(_SUM(self.new_tokens))
 
     @property
     def num_seqs(self) -> int:
@@ -80,10 +83,10 @@ class BatchShape:
     def attended_keys(self) -> int:
         """Sum over all query tokens of the keys each attends to (causal)."""
         n, c = self.new_tokens, self.context_lens
-        return int((n * c + n * (n + 1) // 2).sum())
+        return int(_SUM(n * c + n * (n + 1) // 2))
 
     def kv_tokens_read(self) -> int:
-        return int((self.new_tokens + self.context_lens).sum())
+        return int(_SUM(self.new_tokens + self.context_lens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,10 @@ class IterationGraph:
     # Cross-slice dependencies when the builder knows them (a chain); else derived from edges.
     slice_dep_src: np.ndarray | None = field(repr=False, default=None)
     slice_dep_dst: np.ndarray | None = field(repr=False, default=None)
+    # A pipeline stage's part: the whole iteration it was cut from, whose ops op_lo.. are its ops
+    # (numbers are views of the whole's), so a cost model may price the whole once for all stages.
+    whole: "IterationGraph | None" = field(repr=False, default=None)
+    op_lo: int = field(repr=False, default=0)
 
     @property
     def num_ops(self) -> int:

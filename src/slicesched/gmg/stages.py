@@ -102,7 +102,7 @@ def _stage(g: IterationGraph, c: _Cut) -> IterationGraph:
                           kv_write_bytes=g.kv_write_bytes[ops], comm_bytes=g.comm_bytes[ops], wblock=c.wblock,
                           slice_of=c.slice_of, edge_src=c.edge_src, edge_dst=c.edge_dst,
                           slice_first=c.slice_first, slice_count=c.slice_count, shapes=g.shapes[ops],
-                          slice_dep_src=c.dep_src, slice_dep_dst=c.dep_dst)
+                          slice_dep_src=c.dep_src, slice_dep_dst=c.dep_dst, whole=g, op_lo=c.lo)
 
 
 def send_bytes(stage: IterationGraph) -> float:

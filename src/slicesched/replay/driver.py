@@ -455,8 +455,7 @@ class ReplayDriver:
         group: the harvest metric needs each slice's tenant, which the GMG forgets at retirement.
         Runs once per iteration, so a handful of numpy calls on views of the ring columns."""
         gmg, n = self.gmg, it.graph.num_slices
-        m, lo = gmg.mask, it.base & gmg.mask
-        idx = slice(lo, lo + n) if lo + n <= m + 1 else np.arange(it.base, it.base + n) & m
+        idx = gmg.rows(it.base, n)
         # a finished iteration's rows are final: read them as written, not settling the whole GMG
         col = gmg.raw if finished else gmg.col
         groups, start, end = col("group")[idx], col("start_t")[idx], col("end_t")[idx]

@@ -56,6 +56,7 @@ _ALL: frozenset[int] = frozenset()  # `execute(wake="slice")`: every group watch
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
 # plain ints: comparing with an enum member costs an attribute lookup in the hot loop
 _SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
+_ANY = np.logical_or.reduce  # `.any()` without its Python wrapper (hot paths)
 _new_run = tuple.__new__  # Run(...) without the generated __new__'s Python frame (hot loop)
 
 
@@ -780,40 +781,45 @@ class Simulator(SegmentMixin, WeightsMixin):
     def _place(self, p: SlicePlacement) -> list[Event]:
         """Map a run of slices (vectorized: a whole iteration is the common case)."""
         self._devs(p.group)
-        ids = np.arange(p.first_slice, p.first_slice + p.num_slices)
-        keys = self.gmg.raw("iteration")[ids & self.gmg.mask]
-        if keys[0] == keys[-1]:  # one iteration (keys never decrease along ids): the common case
-            return self._place_within(ids, int(keys[0]), p.group)
+        first, last, col, m = p.first_slice, p.first_slice + p.num_slices - 1, self.gmg.raw("iteration"), self.gmg.mask
+        k = col.item(first & m)
+        if k == col.item(last & m):  # one iteration (keys never decrease along ids): the common case
+            return self._place_within(first, p.num_slices, k, p.group)
+        ids = np.arange(first, last + 1)
+        keys = col[ids & m]
         cuts = np.flatnonzero(np.diff(keys)) + 1
         ev: list[Event] = []
         for part in np.split(ids, cuts):
-            ev += self._place_within(part, int(keys[part[0] - ids[0]]), p.group)
+            ev += self._place_within(int(part[0]), len(part), int(keys[part[0] - ids[0]]), p.group)
         return ev
 
-    def _place_within(self, ids: np.ndarray, key: int, g: int) -> list[Event]:
+    def _place_within(self, first: int, n: int, key: int, g: int) -> list[Event]:
+        """Map slices first..first+n-1, all of iteration `key`, to group g."""
         it = self.gmg.iterations.get(key)
-        if it is None or ids[0] < it.base or ids[-1] >= it.base + it.graph.num_slices:
-            raise ValueError(f"placement of slices {ids[0]}..{ids[-1]}: not live slices")
-        info, _ = self._info_of(int(ids[0]))
+        if it is None or first < it.base or first + n > it.base + it.graph.num_slices:
+            raise ValueError(f"placement of slices {first}..{first + n - 1}: not live slices")
+        info, _ = self._info_of(first)
         self._timing(info, g)  # price the iteration on this group now: rejects a bad group size
-        self._split_covering(int(ids[0]), int(ids[-1]))
-        idx = ids & self.gmg.mask
+        self._split_covering(first, first + n - 1)
+        idx = self.gmg.rows(first, n)  # the rows are read as views, not gathered
         state = self.gmg.raw("state")[idx]
-        if (state > _READY).any():
-            raise ValueError(f"placement of slice {int(ids[state > _READY][0])}: already started")
+        if _ANY(state > _READY):
+            raise ValueError(f"placement of slice {first + int((state > _READY).argmax())}: already started")
+        ready = state == _READY  # as the rows stand before any unplacing below
         ev: list[Event] = []
-        remapped = ids[self.gmg.raw("group")[idx] >= 0].tolist()  # none for a fresh iteration
-        if remapped:
+        mapped = self.gmg.raw("group")[idx] >= 0  # none for a fresh iteration
+        if _ANY(mapped):
             committed = {q[1] for q in self._queue} | set(self._inbound) | {w for ws in self._wwait.values() for w in ws}
-            for x in remapped:
+            for x in (mapped.nonzero()[0] + first).tolist():
                 if x in committed:  # queued, receiving inputs or waiting for weights: undo that first
                     ev += self._unplace(x)
-        self.gmg.map(int(ids[0]), g, len(ids))
+        self.gmg.map(first, g, n)
         span = self._spans.get(key, ())
         if g not in span:
             self._spans[key] = span + (g,)
-        some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[ids - info.base]
-        for x in ids[(state == _READY) | some_pred_done].tolist():
+        j = first - info.base
+        some_pred_done = self.gmg.raw("preds_left")[idx] < info.npreds[j: j + n]
+        for x in ((ready | some_pred_done).nonzero()[0] + first).tolist():
             ev += self._on_mapped(x, g, info)
         return ev
 

@@ -16,7 +16,9 @@ from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
+# A value (never changed after construction), not `frozen`: a frozen dataclass's __init__ costs
+# ~10x more with these many fields, and one is made per iteration (as Chain and Segment, segments.py)
+@dataclass(slots=True)
 class IterInfo:
     key: int
     base: int  # global id of local slice 0
@@ -115,22 +117,58 @@ def build_info(gmg: GlobalMappingGraph, key: int) -> IterInfo:
     it = gmg.iterations[key]
     g = it.graph
     sh = _shape(g)
+    sz = _sizes(g, sh)
+    base, n = it.base, g.num_slices
+    return IterInfo(key, base, n, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, sz.out,
+                    sz.inter, sh.wb_lo, sh.wb_hi, sh.chain, sh.nops, sh.chain_end,
+                    tuple(zip(range(base + 1, base + n))) + ((),) if sh.pure_chain else _shifted(sh.succs, base),
+                    sh.npreds, sh.nops_prefix, sz.step_free, sz.step_alloc, np.arange(base, base + n), sz.steps,
+                    sh.blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """The part of an IterInfo that depends on the structure and the ops' output bytes alone,
+    shared by every iteration with the same ones: output sizes follow the batch's token and
+    logit counts, which repeat (a replay's iterations mostly have a size seen before). Its
+    arrays are read-only and its lists never written."""
+
+    out: list[float]
+    inter: list[float]
+    step_free: np.ndarray
+    step_alloc: np.ndarray
+    steps: np.ndarray
+
+
+_SIZES: dict[tuple[int, bytes], tuple[_Shape, _Sizes]] = {}
+
+
+def _sizes(g: IterationGraph, sh: _Shape) -> _Sizes:
+    key = (id(sh), g.out_bytes.tobytes())
+    hit = _SIZES.get(key)
+    if hit is not None and hit[0] is sh:  # (the entry keeps sh alive: its id stays its own)
+        return hit[1]
+    if len(_SIZES) >= 1024:
+        _SIZES.clear()
+    sz = _build_sizes(g, sh)
+    _SIZES[key] = (sh, sz)
+    return sz
+
+
+def _build_sizes(g: IterationGraph, sh: _Shape) -> _Sizes:
     last = sh.last
     inner = g.out_bytes.copy()
     inner[last] = 0.0  # the output is counted on its own
     inter = np.maximum.reduceat(inner, g.slice_first) if g.num_ops else inner[:0]
     out = g.out_bytes[last]
-    base, n = it.base, g.num_slices
     step_free = inter + np.where(sh.has_pred, out.take(sh.prev), 0.0)
     step_alloc = inter + out
     steps = np.empty(2 * max(g.num_slices - 1, 0))
     np.negative(step_free[:-1], out=steps[0::2])
     steps[1::2] = step_alloc[1:]
-    return IterInfo(key, base, g.num_slices, g.tenant, gmg.models[g.tenant], g, sh.preds, sh.succs, out.tolist(),
-                    inter.tolist(), sh.wb_lo, sh.wb_hi, sh.chain, sh.nops, sh.chain_end,
-                    tuple(zip(range(base + 1, base + n))) + ((),) if sh.pure_chain else _shifted(sh.succs, base),
-                    sh.npreds, sh.nops_prefix, step_free, step_alloc, np.arange(base, base + g.num_slices), steps,
-                    sh.blocks)
+    for a in (step_free, step_alloc, steps):
+        a.flags.writeable = False  # shared by every iteration of these sizes
+    return _Sizes(out.tolist(), inter.tolist(), step_free, step_alloc, steps)
 
 
 def _shifted(succs: tuple[tuple[int, ...], ...], base: int) -> tuple[tuple[int, ...], ...]:

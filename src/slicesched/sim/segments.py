@@ -195,8 +195,8 @@ class SegmentMixin:
         lo, hi = (info.base + j + 1) & m, (info.base + cap) & m
         col = self.gmg.raw("group")
         groups = col[lo: hi + 1] if lo <= hi else col[np.arange(info.base + j + 1, info.base + cap + 1) & m]
-        bad = groups != g
-        return j + int(bad.argmax()) if bad.any() else cap
+        i = int((groups != g).argmax())  # the first slice elsewhere, or 0 when there is none
+        return j + i if groups.item(i) != g else cap
 
     def _weights_reach(self: Any, info: "IterInfo", j: int, m: int, g: int, devs: tuple[int, ...]) -> int:
         if self._wok.get((info.tenant, g)) == self._wver or self._wok.get((info.tenant, g, info.blocks)) == self._wver:
@@ -215,7 +215,7 @@ class SegmentMixin:
         free is at most the use after the allocation that follows it)."""
         mem = self.mem
         room = min(mem.cap[d] - mem.used(d) for d in devs)
-        return min(int(np.searchsorted(top[1::2], room, side="right")), last)
+        return min(int(top[1::2].searchsorted(room, side="right")), last)
 
     # ---- splitting -----------------------------------------------------------------------
     def _touch(self: Any, devs: tuple[int, ...]) -> None:
@@ -286,7 +286,7 @@ class SegmentMixin:
     def _steps_before(seg: Segment, key: tuple) -> int:
         """How many steps end before event `key` in heap order (ends strictly increase)."""
         n = len(seg.ids) - 1
-        c = int(np.searchsorted(seg.ends[:n], key[0], side="left"))
+        c = int(seg.ends[:n].searchsorted(key[0], side="left"))
         if c < n and seg.ends[c] == key[0] and (key[1] > 0 or int(seg.ids[c]) < key[2]):
             c += 1
         return c

@@ -23,10 +23,11 @@ from slicesched.hardware.cluster import Cluster
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 from slicesched.models.spec import ModelSpec
 
+_MIN = np.minimum.reduce
 Variant = tuple[int, str, str]  # (group size, device type, intra-group link)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a value, never changed; not `frozen`: made per iteration (see IterInfo)
 class SliceTiming:
     """Durations of every op and slice of one iteration on one group variant."""
 
@@ -42,10 +43,10 @@ class SliceTiming:
     def from_ops(cls, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> "SliceTiming":
         cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
         cum[0] = 0.0
-        np.cumsum(op_dur, out=cum[1:])
+        op_dur.cumsum(out=cum[1:])  # methods and ufuncs, not np.cumsum / .min(): no Python wrapper
         per_slice = cum.take(first + count)
         per_slice -= cum.take(first)
-        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, bool(per_slice.min(initial=1.0) > 0))
+        return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, bool(_MIN(per_slice, initial=1.0) > 0))
 
     def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Start and end of every op of slice `local` that started at `start` (ops run back to back)."""
@@ -73,6 +74,9 @@ class TimingCache:
         self._by_group: dict[int, tuple[Variant, DeviceSpec, LinkSpec]] = {}
         self._timings: dict[tuple[int, Variant], SliceTiming] = {}
         self._ops: dict[tuple[int, Variant], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # whole iterations whose pipeline stages are priced from one call (see `_price`)
+        self._wholes: dict[tuple[int, Variant], tuple[IterationGraph, np.ndarray]] = {}
+        self._stage_views = getattr(cost, "prices_ops_alone", False)
 
     def variant(self, group: int) -> Variant:
         v = self._by_group.get(group)
@@ -97,8 +101,24 @@ class TimingCache:
         if o is None:
             _, spec, link = self._by_group[group]
             g = graph_for_size(graph, model, variant[0])
-            o = self._ops[(key, variant)] = (self.cost.op_times(g, spec, link), g.slice_first, g.slice_count)
+            o = self._ops[(key, variant)] = (self._price(g, variant, spec, link), g.slice_first, g.slice_count)
         return o
+
+    def _price(self, g: IterationGraph, variant: Variant, spec: DeviceSpec, link: LinkSpec) -> np.ndarray:
+        """The cost model's op times; a pipeline stage's are a view of its whole iteration's,
+        priced once for all its stages when the model prices each op on its own (the same
+        numbers: the whole's op arrays are the stages' and its shape and tp theirs)."""
+        w = g.whole
+        if w is None or not self._stage_views or w.tp != g.tp:
+            return self.cost.op_times(g, spec, link)
+        hit = self._wholes.get((id(w), variant))
+        if hit is None or hit[0] is not w:
+            if len(self._wholes) >= 64:  # a few micro-batches are in flight at a time
+                self._wholes.clear()
+            t = self.cost.op_times(w, spec, link)
+            t.flags.writeable = False  # shared by the stages' views
+            hit = self._wholes[(id(w), variant)] = (w, t)  # keeps w alive: its id stays its own
+        return hit[1][g.op_lo: g.op_lo + g.num_ops]
 
     def forget(self, key: int) -> None:
         """Drop an iteration's timings (it finished)."""

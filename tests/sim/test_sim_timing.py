@@ -1,0 +1,33 @@
+"""A pipeline stage priced as a view of its whole iteration's op times has exactly its own times."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim_helpers import COST
+from slicesched.gmg import BatchShape, Grain
+from slicesched.gmg.stages import build_stages
+from slicesched.hardware import Cluster
+from slicesched.models.spec import model_spec
+from slicesched.sim.timing import TimingCache, group_variant
+
+M = model_spec("llama-2-7b")
+CLUSTER = Cluster.homogeneous("A100-80GB", 1, 8)
+batches = st.lists(st.tuples(st.integers(1, 600), st.integers(0, 4000)), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=batches, pp=st.sampled_from([2, 3, 4]), tp=st.sampled_from([1, 2]), grain=st.sampled_from(list(Grain)))
+def test_stage_views_price_as_the_stages_alone(b, pp, tp, grain) -> None:
+    shape = BatchShape(np.array([n for n, _ in b]), np.array([c for _, c in b]), len(b))
+    group = CLUSTER.group_id(tuple(range(tp)))
+    cache = TimingCache(COST, CLUSTER)
+    _, spec, link = group_variant(CLUSTER, group)
+    for key, g in enumerate(build_stages(M, shape, tp, pp, grain, "t")):
+        assert g.whole is not None
+        op_dur, first, count = cache.ops(key, g, M, group)
+        np.testing.assert_array_equal(op_dur, COST.op_times(g, spec, link))
+        assert op_dur.dtype == np.float64 and len(op_dur) == g.num_ops
+    assert len(cache._wholes) == 1  # the whole iteration was priced once for all its stages
