@@ -72,3 +72,21 @@ def test_a_focused_fork_keeps_the_transfers_that_share_a_link_with_its_own() -> 
         f.simulate(1.0)
         ends.append({key: end for _, key, _, dst, _, end, _ in f.log.flows if dst == (2,)})
     assert ends[0] == ends[1] and len(ends[0]) == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.data())
+def test_a_focused_fork_given_a_decision_brings_in_the_groups_it_places_on(c: Case, data: st.DataObject) -> None:
+    """The case's placements put fresh iterations on random groups, some only partly inside
+    the focus: the fork must hold those groups too, and predict what a whole fork does."""
+    sim = case_sim(c, perturbation=Perturbation(2, duration_cv=0.3), segments=True)
+    seed = {data.draw(st.integers(0, sim.gmg.cluster.num_devices - 1))}
+    focused = sim.fork(seed, c.decision)
+    devs, keys = focused._focus
+    part = focused.simulate(c.horizon)
+    whole = sim.fork(None, c.decision).simulate(c.horizon)
+    for k in keys:
+        assert part.iteration_end[k] == whole.iteration_end[k]
+    inside = sorted(devs)
+    np.testing.assert_array_equal(part.peak_memory[inside], whole.peak_memory[inside])
+    assert part.ooms == tuple(o for o in whole.ooms if o.device in devs)

@@ -53,9 +53,10 @@ class WhatIfFork(Protocol):
 class WhatIf(Protocol):
     """The what-if service: a fork of the backend's current state, predicting from the cost model."""
 
-    def fork(self, focus: Collection[int] | None = None) -> WhatIfFork:
-        """With `focus` (device ids): a fork of only the work that can reach those devices,
-        exact there and blind elsewhere (cost bounded by that work, not the cluster)."""
+    def fork(self, focus: Collection[int] | None = None, decision: SchedulerDecision | None = None) -> WhatIfFork:
+        """A fork with `decision` applied. With `focus` (device ids): a fork of only the work
+        that can reach those devices (the decision's placements and copies included), exact
+        there and blind elsewhere (cost bounded by that work, not the cluster)."""
 
 
 class PlacementView(ServingView, Protocol):

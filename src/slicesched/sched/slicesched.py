@@ -408,8 +408,7 @@ class SliceScheduler(Scheduler):
 
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
-        fork = self._view.whatif().fork(focus)
-        fork.apply(SchedulerDecision(fork.now, tuple(placements)))
+        fork = self._view.whatif().fork(focus, SchedulerDecision(self._now, tuple(placements)))
         pred = fork.simulate(horizon, stop_after=watch)
         self.report.whatif_s += time.perf_counter() - t0
         return pred
@@ -656,9 +655,7 @@ class SliceScheduler(Scheduler):
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
         # a fork of the copies' devices and what reaches them: the peaks read are theirs
-        fork = self._view.whatif().fork({d for c in copies for d in (c.src_device, c.dst_device) if d >= 0}
-                                        | set(devices))
-        fork.apply(SchedulerDecision(fork.now, weight_copies=copies))
+        fork = self._view.whatif().fork(set(devices), SchedulerDecision(self._now, weight_copies=copies))
         pred = fork.simulate(self.cfg.stage_horizon_s)
         self.report.whatif_s += time.perf_counter() - t0
         peak = pred.peak_memory[list(devices)]

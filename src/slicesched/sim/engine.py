@@ -402,7 +402,7 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         return graph
 
     # ==== prediction ===================================================================
-    def fork(self, focus: Collection[int] | None = None) -> "Simulator":
+    def fork(self, focus: Collection[int] | None = None, decision: SchedulerDecision | None = None) -> "Simulator":
         """An independent copy that predicts from the cost model alone (no perturbation; running
         slices re-timed to their predicted ends) and runs chains as segments.
 
@@ -413,8 +413,10 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         evolves exactly as in an unfocused fork (same ends, same peaks), while the rest of the
         cluster is left out: it makes no progress in the fork, and placements and copies given
         to the fork for it alone are ignored. A what-if about one group then costs what that
-        group's work costs, not the whole cluster's."""
-        reach = None if focus is None else self._reach(frozenset(focus))
+        group's work costs, not the whole cluster's. `decision` is applied to the fork; with a
+        focus, the groups it places iterations on and the copies it starts count in the closure
+        (a fresh iteration placed partly inside brings the rest of its group in)."""
+        reach = None if focus is None else self._reach(frozenset(focus), decision)
         devs = None if reach is None else reach[0]
         # the fork's GMG: the iterations reached, and unfinished ones not mapped anywhere yet (a
         # decision given to the fork may place them inside)
@@ -435,6 +437,8 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
             self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
         if reach is not None:
             f._focus = (reach[0], set(reach[1]))
+        if decision is not None:
+            f.apply(decision)
         return f
 
     def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> Prediction:

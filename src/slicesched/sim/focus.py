@@ -13,17 +13,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from slicesched.decisions import SchedulerDecision
 
 
 class FocusMixin:
     """The closure of a focus and the part of a decision inside it, for `Simulator`."""
 
-    def _reach(self: Any, seed: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
+    def _reach(self: Any, seed: frozenset[int],
+               decision: SchedulerDecision | None = None) -> tuple[frozenset[int], frozenset[int]]:
         """The devices and live iterations a fork focused on `seed` must hold: grown from the
-        seed by every iteration mapped onto a reached device (all its groups' devices) and every
-        transfer touching one (both ends), until nothing new is reached."""
-        state = (self._stamp, self._ver, self.gmg.weights_version, seed)
+        seed by every iteration mapped onto a reached device (all its groups' devices, and the
+        groups `decision` places it on) and every transfer touching one (both ends, and the
+        copies `decision` starts), until nothing new is reached."""
+        ahead = () if decision is None else (tuple((p.first_slice, p.num_slices, p.group) for p in decision.placements),
+                                             tuple((c.src_device, c.dst_device) for c in decision.weight_copies))
+        state = (self._stamp, self._ver, self.gmg.weights_version, seed, ahead)
         memo = self._reach_memo
         if memo is not None and memo[0] == state:  # a scheduler's forks of one state and focus
             return memo[1]
@@ -34,6 +40,11 @@ class FocusMixin:
         for r in self._running.values():  # mapped before this simulator kept spans (restored states)
             spans.setdefault(r.info.key, set()).update(devs_of(r.group))
         links = self.net.links()
+        if decision is not None:
+            for p in decision.placements:
+                for key in self._keys_of(p.first_slice, p.num_slices):
+                    spans.setdefault(key, set()).update(devs_of(p.group))
+            links = links | {frozenset(d for d in (c.src_device, c.dst_device) if d >= 0) for c in decision.weight_copies}
         reach, keys = set(seed), set()
         grown = True
         while grown:
@@ -50,6 +61,14 @@ class FocusMixin:
         out = (frozenset(reach), frozenset(keys))
         self._reach_memo = (state, out)
         return out
+
+    def _keys_of(self: Any, first: int, n: int) -> tuple[int, ...]:
+        """The iterations slices first..first+n-1 belong to (keys never decrease along ids)."""
+        col, m = self.gmg.raw("iteration"), self.gmg.mask
+        lo, hi = int(col[first & m]), int(col[(first + n - 1) & m])
+        if lo == hi:
+            return (lo,)
+        return tuple(int(k) for k in np.unique(col[np.arange(first, first + n) & m]))
 
     def _within_focus(self: Any, decision: SchedulerDecision) -> SchedulerDecision:
         """The part of a decision a focused fork acts on: what touches none of its devices is
