@@ -94,7 +94,10 @@ class RooflineCostModel:
         if k.l2_cap is not None:  # what is read from L2 costs l2_gain less per byte
             t_mem -= np.minimum(moved, k.l2_cap) * k.l2_gain
         if device.sm_count > 0:
-            t_compute *= self._fill_ramp(graph.weight_bytes, k, device)
+            # the matrix a GEMM streams: its weights, or for a head tied to the embedding (whose
+            # weights are the embedding block's) the bytes it reads, the table included
+            matrix = np.where(graph.weight_bytes > 0, graph.weight_bytes, graph.bytes_read)
+            t_compute *= self._fill_ramp(matrix, k, device)
         t = np.sqrt(t_compute * t_compute + t_mem * t_mem)  # np.hypot is ~5x slower here
         t += k.floor
         comm = graph.comm_bytes > 0
