@@ -23,12 +23,10 @@ class DeviceSpec:
     mem_bandwidth: float  # HBM bytes/s
     memory_bytes: int
     launch_overhead_s: float = 2e-6  # fixed cost of the smallest kernel (launch + scheduling gap)
-    # streaming multiprocessors x boost clock: what bounds kernels that cannot fill HBM (norms,
-    # gathers run one block per token); 0: unknown (no such bound)
-    sm_cycles_per_s: float = 0.0
     # streaming multiprocessors: a GEMM's weight matrix is shared out among them, and one whose
     # share per SM is small cannot keep them all busy; 0: unknown (no such bound)
     sm_count: int = 0
+    sm_clock_hz: float = 0.0  # boost clock of an SM
     # last-level (L2) cache: an element-wise op whose operands were just written by the kernel
     # before it (or fit beside them) reads them from here, not HBM; 0: none modelled
     l2_bytes: float = 0.0
@@ -36,6 +34,12 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         if self.peak_flops <= 0 or self.mem_bandwidth <= 0 or self.memory_bytes <= 0:
             raise ValueError(f"device {self.name}: peak_flops, mem_bandwidth and memory_bytes must be > 0")
+
+    @property
+    def sm_cycles_per_s(self) -> float:
+        """SMs x boost clock: what bounds kernels that cannot fill HBM (norms, gathers run one
+        block per token); 0: unknown (no such bound)."""
+        return self.sm_count * self.sm_clock_hz
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +60,17 @@ class LinkSpec:
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
-        DeviceSpec("A100-40GB", 312 * TFLOPS, 1555 * GB, 40 * GiB, sm_cycles_per_s=108 * 1.41e9, sm_count=108,
+        DeviceSpec("A100-40GB", 312 * TFLOPS, 1555 * GB, 40 * GiB, sm_count=108, sm_clock_hz=1.41e9,
                    l2_bytes=40 * MB),
-        DeviceSpec("A100-80GB", 312 * TFLOPS, 2039 * GB, 80 * GiB, sm_cycles_per_s=108 * 1.41e9, sm_count=108,
+        DeviceSpec("A100-80GB", 312 * TFLOPS, 2039 * GB, 80 * GiB, sm_count=108, sm_clock_hz=1.41e9,
                    l2_bytes=40 * MB),
-        DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB, sm_cycles_per_s=132 * 1.98e9, sm_count=132,
+        DeviceSpec("H100-80GB", 989 * TFLOPS, 3350 * GB, 80 * GiB, sm_count=132, sm_clock_hz=1.98e9,
                    l2_bytes=50 * MB),
-        DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB, sm_cycles_per_s=132 * 1.98e9, sm_count=132,
+        DeviceSpec("H200-141GB", 989 * TFLOPS, 4800 * GB, 141 * GB, sm_count=132, sm_clock_hz=1.98e9,
                    l2_bytes=50 * MB),
-        DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB, sm_cycles_per_s=142 * 2.52e9, sm_count=142,
+        DeviceSpec("L40S", 362 * TFLOPS, 864 * GB, 48 * GB, sm_count=142, sm_clock_hz=2.52e9,
                    l2_bytes=96 * MB),
-        DeviceSpec("A40", 149.7 * TFLOPS, 696 * GB, 48 * GB, sm_cycles_per_s=84 * 1.74e9, sm_count=84,
+        DeviceSpec("A40", 149.7 * TFLOPS, 696 * GB, 48 * GB, sm_count=84, sm_clock_hz=1.74e9,
                    l2_bytes=6 * MB),
         # A CPU worker standing in for a device (executor tests): nominal, calibrate before use.
         DeviceSpec("cpu", 1 * TFLOPS, 100 * GB, 64 * GiB, launch_overhead_s=20e-6),
