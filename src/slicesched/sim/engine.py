@@ -510,7 +510,8 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         elif prio == _XFER_END:
             new = self._on_xfer_end(ev[2])  # type: ignore[arg-type]
         else:
-            new = self.net.join(ev[2], self.now)  # type: ignore[arg-type]
+            self.net.join(ev[2])  # type: ignore[arg-type]
+            new = []
         if new or self._deferred:
             self._push(new)
         if self.on_event is not None:
@@ -788,9 +789,8 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         for pl in info.preds[j]:
             key = (FLOW_ACT, info.base + pl, x)
             if key in self.net.flows:
-                flow, more = self._close_flow(key)
+                flow = self._close_flow(key)
                 self._free_mem(flow.dst, flow.nbytes, XFER)
-                ev += more
         for bdevs, nbytes in self._inbound.pop(x, (0, ()))[1]:
             self._free_mem(bdevs, nbytes, ACT)
         for k, waiting in list(self._wwait.items()):
@@ -819,9 +819,9 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         self._touch_flow(flow)
         return self.net.open(flow, self.now)
 
-    def _close_flow(self, key: FlowKey) -> tuple[Flow, list[Event]]:
+    def _close_flow(self, key: FlowKey) -> Flow:
         self._touch_flow(self.net.flows[key])
-        return self.net.close(key, self.now)
+        return self.net.close(key)
 
     def _touch_flow(self, flow: Flow) -> None:
         """Flows in flight slow co-located work under interference: a change splits segments there."""
@@ -829,14 +829,14 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
             self._touch(tuple(d for d in flow.src + flow.dst if d >= 0))
 
     def _on_xfer_end(self, key: FlowKey) -> list[Event]:
-        flow, ev = self._close_flow(key)
+        flow = self._close_flow(key)
         if self.record:
             self.log.flows.append((self._stamp, key, flow.src, flow.dst, flow.start, self.now, flow.nbytes))
         if key[0] == FLOW_ACT:
             self._deliver_act(key[2], flow)
         else:
             self._deliver_weight(key, flow)
-        return ev + self._dispatch()
+        return self._dispatch()
 
     def _deliver_act(self, x: int, flow: Flow) -> None:
         self._touch(flow.dst)

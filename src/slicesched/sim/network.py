@@ -14,8 +14,8 @@ are brought up to date and get a new projected end, so their old end events go s
 number tells). The re-projection happens once per instant (`flush`, which the simulator calls
 before its clock moves on), not once per join or close: a stage's weight blocks open together,
 and re-sharing after each of n joins cost O(n^2); rates over a zero-length stretch move no bytes,
-so the result is the same to the bit. Effective bandwidth and latency of a link come from the cost model, fitted on two
-sizes, so a lone transfer takes exactly `cost.transfer_time(nbytes, link)`.
+so the result is the same to the bit. Effective bandwidth and latency of a link come from the
+cost model, fitted on two sizes, so a lone transfer takes exactly `cost.transfer_time(nbytes, link)`.
 """
 
 from __future__ import annotations
@@ -136,25 +136,25 @@ class Network:
         self._links = None
         return [(now + flow.latency, Prio.XFER_JOIN, flow.key, flow.version)]
 
-    def join(self, key: FlowKey, now: float) -> list[Event]:
-        """Latency elapsed: the flow starts streaming and takes its share of its resources."""
+    def join(self, key: FlowKey) -> None:
+        """Latency elapsed: the flow starts streaming and takes its share of its resources (at
+        the next `flush`)."""
         f = self.flows[key]
         f.joined = True
         for r in f.resources:
             self.on.setdefault(r, []).append(key)
         self._mark(f.resources)
-        return []
 
-    def close(self, key: FlowKey, now: float) -> tuple[Flow, list[Event]]:
-        """Remove a finished (or cancelled) flow; the flows it shared with speed up."""
+    def close(self, key: FlowKey) -> Flow:
+        """Remove a finished (or cancelled) flow; the flows it shared with speed up (at the next
+        `flush`)."""
         f = self.flows.pop(key)
         self._links = None
-        if not f.joined:
-            return f, []
-        for r in f.resources:
-            self.on[r].remove(key)
-        self._mark(f.resources)
-        return f, []
+        if f.joined:
+            for r in f.resources:
+                self.on[r].remove(key)
+            self._mark(f.resources)
+        return f
 
     def links(self) -> set[frozenset[int]]:
         """The distinct device sets (source and destination devices) of the flows in flight."""
