@@ -78,7 +78,8 @@ class FocusMixin:
 
         def keep(what: object, touched: set[int], key: int | None = None) -> bool:
             inside = not touched.isdisjoint(devs)
-            if inside and touched <= devs:
+            # an iteration the fork does not hold was mapped outside the focus: it may not come in
+            if inside and touched <= devs and (key is None or key in self.gmg.iterations):
                 return True
             if inside or (key is not None and key in keys):
                 raise ValueError(f"{what}: reaches outside the fork's focus (devices {sorted(devs)})")
@@ -87,10 +88,6 @@ class FocusMixin:
         places = []
         for p in decision.placements:
             key = int(iteration[p.first_slice & mask])
-            if key not in self.gmg.iterations:  # not held: it was mapped outside the focus
-                if not devs.isdisjoint(self._devs(p.group)):
-                    raise ValueError(f"{p}: reaches outside the fork's focus (devices {sorted(devs)})")
-                continue
             if keep(p, set(self._devs(p.group)), key):
                 keys.add(key)  # a fresh iteration placed inside is inside from now on
                 places.append(p)
