@@ -343,8 +343,9 @@ class GlobalMappingGraph:
         # columns only `add_iteration` writes are shared until either side adds one (copy on write):
         # most forks never do, and copying them was most of a fork's cost
         lo = min((it.base for it in live.values()), default=self._next_id)
-        copy = (lambda a: a.copy()) if keys is None else (lambda a: self._copy_rows(a, lo))
-        g._cols = {c: a if c in _STATIC_COLS else copy(a) for c, a in self._cols.items()}
+        n = self._next_id - lo
+        rows = None if keys is None or 2 * n > self._cap else self.rows(lo, n)  # a wide window: copy it all
+        g._cols = {c: a if c in _STATIC_COLS else self._copy_rows(a, rows) for c, a in self._cols.items()}
         g._static_shared = self._static_shared = True
         g._next_id, g._next_key = self._next_id, self._next_key
         g.iterations = {k: _LiveIteration(it.graph, it.base, it.remaining, it.succ_ptr, it.succ_idx)
@@ -367,19 +368,14 @@ class GlobalMappingGraph:
         self._resident_shared = set(self.resident)
         return g
 
-    def _copy_rows(self, a: np.ndarray, lo: int) -> np.ndarray:
-        """A copy of a column's ring rows from slice `lo` on (rows before it belong to no
-        iteration the copy holds: left undefined, as free ring space is)."""
-        n = self._next_id - lo
-        if 2 * n > self._cap:
+    @staticmethod
+    def _copy_rows(a: np.ndarray, rows: slice | np.ndarray | None) -> np.ndarray:
+        """A copy of a column holding `rows` (all of it for None); the other rows belong to no
+        iteration the copy holds: left undefined, as free ring space is."""
+        if rows is None:
             return a.copy()
         out = np.empty_like(a)
-        i = lo & self._mask
-        if i + n <= self._cap:
-            out[i: i + n] = a[i: i + n]
-        else:  # the rows wrap around the ring's end
-            out[i:] = a[i:]
-            out[: i + n - self._cap] = a[: i + n - self._cap]
+        out[rows] = a[rows]
         return out
 
     def _grow(self, need: int) -> None:
