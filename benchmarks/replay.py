@@ -82,16 +82,20 @@ def _inputs_missing(sc: Scenario) -> Path | None:
 
 
 class _Hourly:
-    """Progress callback: peak memory and CPU time when the simulated clock first passes each hour."""
+    """Progress callback: prints peak memory and CPU time when the simulated clock first passes
+    each hour, as it happens, so a day-long run stopped early still reports the hours it did."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         self.c0 = time.process_time()
-        self.at: dict[int, tuple[float, float]] = {}
+        self.done: set[int] = set()
 
     def __call__(self, t: float) -> None:
         h = int(t // 3600)
-        if h and h not in self.at:
-            self.at[h] = (_max_rss_mb(), time.process_time() - self.c0)
+        if h and h not in self.done:
+            self.done.add(h)
+            print(f"{self.prefix}_max_rss_mb_at_{h}h: {_max_rss_mb():.0f} MB")
+            print(f"{self.prefix}_cpu_s_at_{h}h: {time.process_time() - self.c0:.1f} s", flush=True)
 
 
 def replay(name: str, duration_s: float | None) -> int:
@@ -103,7 +107,7 @@ def replay(name: str, duration_s: float | None) -> int:
     if missing is not None:
         print(f"skipped: {missing} not found", file=sys.stderr)
         return 0
-    hourly = _Hourly()
+    hourly = _Hourly(prefix)
     t0, c0 = time.perf_counter(), time.process_time()
     r = run_one(sc, RunSpec("dedicated", 1.0), duration_s, progress=hourly)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -127,9 +131,6 @@ def replay(name: str, duration_s: float | None) -> int:
     if name == "scale_1024":
         print(f"{prefix}_devices: {r.num_devices} devices")
         print(f"{prefix}_tenants: {len(sc.tenants)} tenants")
-    for h, (mb, c) in sorted(hourly.at.items()):
-        print(f"{prefix}_max_rss_mb_at_{h}h: {mb:.0f} MB")
-        print(f"{prefix}_cpu_s_at_{h}h: {c:.1f} s")
     return 0
 
 
