@@ -39,7 +39,7 @@ from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.decisions import Completions, OOMEvent, SchedulerDecision, SlicePlacement, StepOutcome
 from slicesched.sim.events import Event, Prio
-from slicesched.sim.focus import FocusMixin
+from slicesched.sim.forks import ForkMixin
 from slicesched.sim.iterinfo import IterInfo, build_info
 from slicesched.sim.memory import ACT, KV, XFER, MemoryLedger
 from slicesched.sim.network import ACT as FLOW_ACT
@@ -88,7 +88,7 @@ class _Shared:
         self.home_bytes: dict[str, np.ndarray] = {}
 
 
-class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
+class Simulator(SegmentMixin, WeightsMixin, ForkMixin):
     """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given.
 
     perturbation: reality's deviation from the cost model (None: predict exactly by it);
@@ -402,45 +402,6 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         return graph
 
     # ==== prediction ===================================================================
-    def fork(self, focus: Collection[int] | None = None, decision: SchedulerDecision | None = None) -> "Simulator":
-        """An independent copy that predicts from the cost model alone (no perturbation; running
-        slices re-timed to their predicted ends) and runs chains as segments.
-
-        With `focus` (device ids), the fork holds only the work that can reach those devices:
-        every live iteration mapped onto one of them, with all the groups it spans, every
-        transfer into or out of them, and so on until nothing new is reached (`_reach`).
-        Devices interact only through shared slices, memory and transfers, so what is inside
-        evolves exactly as in an unfocused fork (same ends, same peaks), while the rest of the
-        cluster is left out: it makes no progress in the fork, and placements and copies given
-        to the fork for it alone are ignored. A what-if about one group then costs what that
-        group's work costs, not the whole cluster's. `decision` is applied to the fork; with a
-        focus, the groups it places iterations on and the copies it starts count in the closure
-        (a fresh iteration placed partly inside brings the rest of its group in)."""
-        reach = None if focus is None else self._reach(frozenset(focus), decision)
-        devs = None if reach is None else reach[0]
-        # the fork's GMG: the iterations reached, and unfinished ones not mapped anywhere yet (a
-        # decision given to the fork may place them inside)
-        held = None if reach is None else reach[1] | {k for k, it in self.gmg.iterations.items()
-                                                      if it.remaining and k not in self._spans}
-        if self.perturbation is not None and self._nseg:  # see `_copy`; before the key, which the split changes
-            self._dissolve_segments() if devs is None else self._split_on_devices(devs)
-        self._forked = True
-        key = (self._stamp, self._ver, self.gmg.weights_version, devs)
-        tpl = self._fork_plan
-        if tpl is not None and tpl[0] == key:  # a scheduler forks many times from one state
-            f = self._copy(keep_log=False, retime=False, segments=True, running=False, focus=devs, held=held)
-            f._running, f._seg_on, f._nseg, f._queue, f._heap = dict(tpl[1]), list(tpl[2]), tpl[3], list(tpl[4]), list(tpl[5])
-        else:
-            f = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True, focus=devs,
-                           held=held)
-            f._form_segments()
-            self._fork_plan = (key, dict(f._running), list(f._seg_on), f._nseg, list(f._queue), list(f._heap))
-        if reach is not None:
-            f._focus = (reach[0], set(reach[1]))
-        if decision is not None:
-            f.apply(decision)
-        return f
-
     def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> Prediction:
         """Run `horizon_s` ahead and forecast (see `Prediction`). With `stop_after`, stop once
         every one of those iterations has ended (a caller comparing their ends needs no more):
@@ -901,99 +862,3 @@ class Simulator(SegmentMixin, WeightsMixin, FocusMixin):
         if t is None:
             t = self._perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
         return t
-
-    # ==== state identity (incremental re-simulation) ======================================
-    def snapshot(self) -> "Simulator":
-        """An exact copy of the current state (a checkpoint): same mode, no re-timing, empty rows."""
-        return self._copy(keep_log=False, retime=False, segments=self.segments)
-
-    def digest(self) -> tuple:
-        """Everything that decides the future, as a comparable value (not the clock, rows or
-        caches): two states with equal digests evolve identically from here."""
-        running = tuple(sorted((s, r.group, r.start, r.end, r.info.key, r.local, r.scale, r.co, _seg_id(r.seg))
-                               for s, r in self._running.items()))
-        flows = tuple(sorted(f.state() for f in self.net.flows.values())) + tuple(sorted(self.net.dirty))
-        mem = tuple(np.concatenate(self.mem.arrays).tolist())
-        return (running, tuple(q[:3] for q in self._queue), tuple(sorted(self._outputs.items())),
-                tuple(sorted(self._inbound.items())), tuple(sorted(self._wwait.items())), flows, mem,
-                tuple(self.gmg.raw_ready().tolist()), tuple(self._free), self._wver)
-
-    def _same_state(self, d: tuple) -> bool:
-        """`self.digest() == d`, comparing the cheapest parts first and stopping at the first
-        difference (the incremental re-simulation asks after every event, and states differ
-        most of the time)."""
-        return (self._wver == d[9] and tuple(self._free) == d[8] and len(self._running) == len(d[0])
-                and tuple(q[:3] for q in self._queue) == d[1]
-                and tuple(sorted(self._outputs.items())) == d[2]
-                and tuple(sorted(self._inbound.items())) == d[3]
-                and tuple(sorted(self._wwait.items())) == d[4]
-                and tuple(np.concatenate(self.mem.arrays).tolist()) == d[6]
-                and tuple(self.gmg.raw_ready().tolist()) == d[7]
-                and tuple(sorted(f.state() for f in self.net.flows.values())) + tuple(sorted(self.net.dirty)) == d[5]
-                and self.digest()[0] == d[0])
-
-    # ==== copies =======================================================================
-    def _copy(self, keep_log: bool, retime: bool, segments: bool, running: bool = True,
-              focus: frozenset[int] | None = None, held: Collection[int] | None = None) -> "Simulator":
-        """A full, independent copy of the state (a fork, or a checkpoint when keep_log); without
-        `running`, the caller sets the running slices and the heap itself. With `focus` (a
-        closed device set, see `_reach`), only the running and queued slices and the transfers
-        on those devices are copied, and the GMG holds only the iterations in `held`."""
-        if retime and self._nseg:
-            # a segment's steps were timed with reality's noise and its Run describes the step
-            # that formed it: split it (exactly; the next `execute` plans again) so that the copy
-            # sees ordinary running slices it can re-time from the cost model
-            self._dissolve_segments() if focus is None else self._split_on_devices(focus)
-        if self.net.dirty:  # the copy's heap is rebuilt from the flows' projected ends
-            self._push(self.net.flush(self.now))
-        f = Simulator.__new__(Simulator)
-        f._sh, f.gmg = self._sh, self.gmg.fork(held)
-        f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown
-        f.segments, f.now, f._ver, f._stamp, f._key = segments, self.now, self._ver, self._stamp, self._key
-        inside = (lambda g: True) if focus is None else (lambda g: self._devs(g)[0] in focus)
-        f._free, f._queue = list(self._free), [q for q in self._queue if inside(q[2])]
-        f._outputs, f._inbound, f._wwait = dict(self._outputs), dict(self._inbound), dict(self._wwait)
-        f._wver, f._wok = self._wver, dict(self._wok)
-        f.net = self.net.copy(focus)
-        f.mem = self.mem.fork(f.gmg, self.now)
-        f.record, f._kept_below = True, 0
-        f._perturbed, f._seg_on, f._deferred, f._nseg = {}, list(self._seg_on), [], self._nseg
-        spans = self._spans if held is None else {k: v for k, v in self._spans.items() if k in held}
-        f._tcache, f._spans, f._focus, f._reach_memo = {}, dict(spans), None, None
-        f._weights_seen = f.gmg.weights_version
-        f._fork_plan = None
-        f._owner, f._forked = False, False
-        f._reads, f._soft, f.on_event = None, None, None
-        f._watch, f._hits = None, None
-        f._init_outputs(self._tracked if held is None else {k: t for k, t in self._tracked.items() if k in held})
-        if running:
-            runs = self._running if focus is None else {s: r for s, r in self._running.items() if inside(r.group)}
-            f._running = {s: self._retimed(r) for s, r in runs.items()} if retime else dict(runs)
-            f._heap = f._rebuild_heap()
-            if focus is not None:  # segments outside stay the owner's
-                f._seg_on = [k if d in focus else None for d, k in enumerate(self._seg_on)]
-                f._nseg = sum(1 for r in f._running.values() if r.seg is not None)
-        return f
-
-    def _retimed(self, r: Run) -> Run:
-        """A running slice as the cost model sees it: unperturbed duration, not before now."""
-        base = self._sh.timing.get(r.info.key, r.info.graph, r.info.model, r.group)
-        scale = 1.0 + self.stream_slowdown * r.co if r.co else 1.0
-        end = max(r.start + base.slice_dur[r.local] * scale, self.now)
-        return r._replace(end=end, timing=base, scale=scale)
-
-    def _rebuild_heap(self) -> list[Event]:
-        h: list[Event] = [(r.end, Prio.SLICE_END, s, r.version) for s, r in self._running.items()]
-        for k, fl in self.net.flows.items():
-            h.append((fl.end, Prio.XFER_END, k, fl.version) if fl.joined
-                     else (fl.start + fl.latency, Prio.XFER_JOIN, k, fl.version))
-        heapq.heapify(h)
-        return h
-
-
-def _seg_id(seg: Segment | None) -> tuple | None:
-    """A segment is a function of its chains, length and first start (see segments.py)."""
-    if seg is None:
-        return None
-    return (tuple((c.info.key, c.first, c.since, c.started) for c in seg.chains), len(seg.ids),
-            float(seg.starts[0]), float(seg.ends[-1]))
