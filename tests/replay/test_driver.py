@@ -236,52 +236,6 @@ def test_tenant_attribution_accounts_for_every_busy_second(slicesched_multi):
         assert d.home_busy_s + d.harvested_s + d.idle_s == pytest.approx(r.makespan_s, rel=1e-12)
 
 
-TP_PAIR = """
-    [cluster]
-    devices_per_node = 4
-    [[tenants]]
-    name = "a"
-    model = "llama-2-7b"
-    tp = 2
-    [[tenants]]
-    name = "b"
-    model = "llama-2-7b"
-    tp = 2
-    [[streams]]
-    source = "synthetic"
-    tenants = ["a", "b"]
-    rate = 1.0
-"""
-
-
-def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
-    sc = scenario(TP_PAIR)
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [0.0], [10], [2], ["a"]))
-    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    free = next(rs.engine.kv.num_free for rs in drv.replicas if rs.replica.tenant == "b")
-    (owner, n), = drv._borrow(b_devs, 1e9)  # one owner holds both devices: lent once, not refused
-    assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n
-
-
-def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_its_ttft_is_lower():
-    from slicesched.decisions import GuestStart
-    from slicesched.replay.slo import isolated_slas
-    from slicesched.serving import Request
-
-    sc = scenario(TP_PAIR)
-    cost = make_cost_model()
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
-                       cost=cost, slas=isolated_slas(sc, cost))
-    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
-    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv._start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
-    assert guest is not None and guest.guest
-    home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)  # a long prompt queued at home
-    assert drv._route(Request(200, "a", 0.0, 512, 8)) is home  # the guest's weights are still in flight
-    drv.backend.run()  # the copies land (the default backend: the simulator)
-    assert drv._route(Request(201, "a", 0.5, 512, 8)) is guest  # nothing queued there: the earlier first token
-
-
 # ---- bounded memory ----------------------------------------------------------------------------
 
 class _RawBusyLog:

@@ -26,62 +26,25 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.cost import CostModel, make_cost_model
-from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, block_weight_bytes, build_iteration
+from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, build_iteration
 from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
+from slicesched.replay.loans import LoansMixin, StagedLease
+from slicesched.replay.moves import MovesMixin
 from slicesched.replay.pipeline import MicroBatch, Pipeline
+from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
-from slicesched.decisions import (ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad, SchedulerDecision,
-                                  ShardLease, ShardRelease, ShardStage, StepInputs, WeightCopy, WeightEviction)
+from slicesched.decisions import OOMEvent, ReplicaLoad, ShardLease, StepInputs
 from slicesched.sched.interface import Backend, Batching, Routing, Scheduler, WhatIf
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
                                 TenantEngine, blocks_for, count_violations)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.traces import Trace
 
-BLOCK_TOKENS = 16
 VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
 _GRAINS = {"op": Grain.OP, "block": Grain.BLOCK, "layer": Grain.LAYER}
-
-
-@dataclass(slots=True, eq=False)
-class ReplicaState:
-    """A serving replica: its engine, device group and the KV bytes already charged to memory."""
-
-    replica: Replica
-    group: int
-    engine: TenantEngine
-    kv_bytes_per_token: float  # per device
-    kv_charged: float = 0.0
-    draining: bool = False
-    move_to: str | None = None
-    guest: bool = False  # serves overflow on other tenants' devices (SliceScheduler)
-    lent: list[tuple["ReplicaState", int]] = field(default_factory=list)  # (owner, KV blocks borrowed)
-    pipe: Pipeline | None = None  # the stages of a pipeline-parallel replica (pp > 1)
-    stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage
-    stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
-    oom_at: float = -math.inf  # when an OOM last preempted it: no new batch until memory can change
-
-    @property
-    def load(self) -> int:
-        return self.engine.num_waiting + self.engine.num_running
-
-    @property
-    def relative_load(self) -> float:
-        """Outstanding requests per KV token of capacity: balances replicas of unequal pools."""
-        return (self.load + 1) / max(self.engine.kv.capacity_tokens, 1)
-
-
-@dataclass(slots=True, eq=False)
-class _Lease:
-    """Staged shards (SliceScheduler) and the memory lent for them."""
-
-    stage: ShardStage
-    lent: list[tuple[ReplicaState, int]]
-    mirror_charged: float = 0.0  # KV mirror bytes per device in the ledger
-    unsynced: int = 0  # tokens whose KV the mirror lacks (computed at home since the last sync)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +80,7 @@ class RunResult:
     window_s: float = 0.0  # the arrival window: throughputs divide by it (DESIGN.md 5)
 
 
-class ReplayDriver:
+class ReplayDriver(LoansMixin, MovesMixin):
     """Replays one trace through one scheduler on the simulated cluster of a scenario."""
 
     def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
@@ -175,7 +138,7 @@ class ReplayDriver:
         self.rejected = 0
         self.over_context = 0
         self.guests_started = 0
-        self._leases: dict[tuple[str, tuple[int, ...]], _Lease] = {}  # staged shards
+        self._leases: dict[tuple[str, tuple[int, ...]], StagedLease] = {}  # staged shards
         self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
         # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
         self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
@@ -535,226 +498,6 @@ class ReplayDriver:
             it = self.gmg.iterations[key]
             self.backend.abort_iteration(key)
             self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
-
-    # ---- guests (SliceScheduler) ---------------------------------------------------------------
-    def _start_guest(self, g: GuestStart, now: float) -> ReplicaState | None:
-        """Borrow KV memory from the devices' owners, copy the tenant's weights there from its own
-        replica (through the simulator: link time and memory are paid), and move waiting requests
-        of the tenant over. Refused (None) if memory cannot be lent or a guest is already there."""
-        devs = tuple(g.devices)
-        if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.replicas):
-            return None
-        src = tuple(g.src_devices)
-        home = next((rs for rs in self.replicas if rs.replica.tenant == g.tenant and not rs.guest
-                     and (rs.replica.devices == src or all(d < 0 for d in src))), None)
-        m = self.models[g.tenant]
-        weights = block_weight_bytes(m, len(devs))
-        lent = self._borrow(devs, float(weights.sum()) + g.kv_bytes)
-        if home is None or lent is None:
-            return None
-        self.backend.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
-        per_tok = m.kv_bytes_per_token() / len(devs)
-        cfg = self.cfg[g.tenant]
-        kv = KVBlockManager(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
-        engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
-                              max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
-                                                                        home.engine.max_model_len))
-        if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
-            engine.decode_batch_tokens = self._decode_budget(Replica(g.tenant, devs))
-        rs = ReplicaState(Replica(g.tenant, devs), self.cluster.group_id(devs), engine, per_tok, guest=True,
-                          lent=lent)
-        self.replicas.append(rs)
-        self.guests_started += 1
-        return rs
-
-    def _loaded(self, rs: ReplicaState) -> bool:
-        """Are all of the replica's weight blocks resident on its devices?"""
-        return self.gmg.weights_on(rs.replica.tenant, 0, 2 * self.models[rs.replica.tenant].layers + 1,
-                                   rs.replica.devices)
-
-    def _borrow(self, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
-        """Lend `nbytes` per device from the free KV blocks of each device's owner replica, all
-        or nothing; owners keep at least a quarter of their pool."""
-        plan = []
-        for d in devs:
-            owner = next((rs for rs in self.replicas if not rs.guest and d in rs.replica.devices), None)
-            if owner is None:
-                return None
-            if any(o is owner for o, _ in plan):
-                continue  # a tensor-parallel owner's blocks span all its devices: lent once, freed on each
-            block_bytes = BLOCK_TOKENS * owner.kv_bytes_per_token
-            n = int(math.ceil(nbytes / block_bytes))
-            kv = owner.engine.kv
-            if n > kv.num_free or kv.num_blocks - n < kv.num_blocks // 4:
-                return None
-            plan.append((owner, n))
-        for owner, n in plan:
-            owner.engine.kv.lend(n)
-        return plan
-
-    def _stop_guest(self, g: GuestStop, now: float) -> list[ReplicaState]:
-        """Send the guest's requests back to the tenant's replicas (recomputed), free its KV and
-        weights, and give the borrowed memory back to the owners."""
-        rs = next((r for r in self.replicas if r.guest and r.replica.tenant == g.tenant
-                   and r.replica.devices == tuple(g.devices)), None)
-        if rs is None:
-            return []
-        homes = [h for h in self.replicas_of(g.tenant) if not h.guest]
-        if g.drain:  # no new requests; released when its running ones are done
-            rs.draining = True
-            for req in rs.engine.take_waiting(rs.engine.num_waiting):
-                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
-            if rs.engine.has_work() or rs.engine.num_inflight:
-                return homes
-        self._drop_inflight(rs)
-        for req in rs.engine.evict_all(now):
-            min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
-        self._release_guest(rs, now)
-        return homes + [owner for owner, _ in rs.lent]
-
-    def _release_guest(self, rs: ReplicaState, now: float) -> None:
-        """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""
-        self._charge_kv(rs, now)
-        self.replicas.remove(rs)
-        self._evict_weights(rs, now)
-        for owner, n in rs.lent:
-            owner.engine.kv.reclaim(n)
-
-    def _evict_weights(self, rs: ReplicaState, now: float) -> None:
-        """Evict a removed replica's weights, through the simulator so the memory log has them,
-        from every device no other replica of the same tenant still uses."""
-        tenant = rs.replica.tenant
-        kept = {d for o in self.replicas_of(tenant) for d in o.replica.devices}
-        self.backend.apply(SchedulerDecision(now, evictions=tuple(
-            WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
-            for blk in range(2 * self.models[tenant].layers + 2))))
-
-    # ---- staged weight shards (SliceScheduler) ------------------------------------------------
-    def _stage_shards(self, st: ShardStage, now: float) -> bool:
-        """Lend the shards' memory from the devices' owners (all or nothing) and copy them there
-        through the simulator (link time and memory paid). Refused if a lease holds the devices."""
-        devs = tuple(st.devices)
-        if any(set(devs) & set(k[1]) for k in self._leases):
-            return False
-        lent = self._borrow(devs, st.lent_bytes)
-        if lent is None:
-            return False
-        self.backend.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
-        home = next((rs for rs in self.replicas if rs.replica.tenant == st.tenant and not rs.guest
-                     and rs.replica.devices == tuple(st.home)), None)
-        unsynced = home.engine.kv.used_blocks * BLOCK_TOKENS if home is not None else 0
-        self._leases[(st.tenant, devs)] = _Lease(st, lent, unsynced=unsynced)
-        self.shards_staged += 1
-        self.shard_bytes_moved += st.bytes_per_device * len(devs)
-        if home is not None:
-            self._charge_mirror(home)
-        return True
-
-    def _lease_of(self, rs: ReplicaState) -> "_Lease | None":
-        return next((ls for ls in self._leases.values() if ls.stage.tenant == rs.replica.tenant
-                     and tuple(ls.stage.home) == rs.replica.devices), None)
-
-    def _charge_mirror(self, rs: ReplicaState) -> None:
-        """Keep the KV mirror on a lease's devices in step with the replica's KV (its heads of the
-        union's shard, up to the mirror's room), in the memory ledger like any KV."""
-        ls = self._lease_of(rs)
-        if ls is None or ls.stage.kv_mirror_bytes <= 0:
-            return
-        m = self.models[rs.replica.tenant]
-        union_tp = len(ls.stage.home) + len(ls.stage.devices)
-        want = min(rs.engine.kv.used_blocks * BLOCK_TOKENS * m.kv_bytes_per_token() / union_tp,
-                   ls.stage.kv_mirror_bytes)
-        if self._charge(ls.stage.devices, rs.replica.tenant, ls.mirror_charged, want):
-            ls.mirror_charged = want
-
-    def _kv_sync_s(self, key: int) -> float:
-        """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed
-        heads there: copying it home (and the KV of tokens computed at home since the last such
-        iteration to the mirror) takes this long over the link; 0 for any other iteration."""
-        rs, batch = self.inflight[key]
-        ls = self._lease_of(rs)
-        if ls is None:
-            return 0.0
-        it = self.gmg.iterations[key]
-        union = self.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))
-        if int(self.gmg.raw("group")[it.base & self.gmg.mask]) != union:  # not whole (at most MLP slices)
-            ls.unsynced += batch.num_tokens
-            return 0.0
-        m = self.models[rs.replica.tenant]
-        union_tp = len(ls.stage.home) + len(ls.stage.devices)
-        nbytes = (batch.num_tokens + ls.unsynced) * m.kv_bytes_per_token() / union_tp
-        ls.unsynced = 0
-        self.kv_bytes_moved += nbytes * len(ls.stage.devices)
-        link = self.cluster.link(ls.stage.home[0], ls.stage.devices[0])
-        return self.cost.transfer_time(nbytes, link)
-
-    def _release_shards(self, rel: ShardRelease, now: float) -> list[ReplicaState]:
-        """Evict staged shards and give the lent KV blocks back (their owners may batch again)."""
-        lease = self._leases.pop((rel.tenant, tuple(rel.devices)), None)
-        if lease is None:
-            return []
-        st, lent = lease.stage, lease.lent
-        if lease.mirror_charged > 0:
-            self.backend.free_kv(st.devices, lease.mirror_charged, st.tenant)
-        self.backend.apply(SchedulerDecision(now, evictions=tuple(
-            WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
-        for owner, n in lent:
-            owner.engine.kv.reclaim(n)
-        return [owner for owner, _ in lent]
-
-    # ---- container moves (realloc baseline) -------------------------------------------------
-    def _apply_moves(self, moves: tuple[ContainerMove, ...]) -> None:
-        """Start each move: the replica takes no new requests, its queued ones go to the tenant's
-        other replicas at once (a load balancer re-routes them), its running ones finish. A
-        tenant's last replica may go (scale to zero): its later arrivals park until it has one."""
-        now = self.backend.now
-        for mv in moves:
-            rs = next((r for r in self.replicas if r.replica.tenant == mv.from_tenant and not r.guest
-                       and r.replica.devices == tuple(mv.devices) and not r.draining), None)
-            if rs is None:
-                continue
-            rs.draining, rs.move_to = True, mv.to_tenant
-            self.moves += 1
-            rest = [r for r in self.replicas_of(mv.from_tenant) if not r.draining]
-            if rest:
-                for req in rs.engine.take_waiting(rs.engine.num_waiting):
-                    min(rest, key=lambda r: r.relative_load).engine.adopt(req, now)
-            if not rs.engine.has_work() and rs.engine.num_inflight == 0:
-                self._finish_drain(rs, now)
-
-    def _finish_drain(self, rs: ReplicaState, t: float) -> None:
-        """Free the drained replica's devices and start loading the new model from host memory
-        (a cache of every served model's weights in host DRAM, as ServerlessLLM keeps)."""
-        self.replicas.remove(rs)
-        tenant, devs = rs.replica.tenant, rs.replica.devices
-        self._evict_weights(rs, t)
-        if rs.kv_charged > 0:
-            self.backend.free_kv(devs, rs.kv_charged, tenant)
-        new = Replica(rs.move_to or tenant, devs)
-        per_dev = float(block_weight_bytes(self.models[new.tenant], new.tp).sum())
-        # every device loads its shard from host memory over its own PCIe link, in parallel
-        load_s = max(self.cost.transfer_time(per_dev, self.cluster.host_link(d)) for d in devs)
-        self._activations.append((t + load_s + self.sc.schedulers.realloc.warmup_s, new))
-
-    def _next_activation(self) -> float:
-        return min((t for t, _ in self._activations), default=math.inf)
-
-    def _activate_loaded(self, now: float) -> list[ReplicaState]:
-        """Replicas whose model finished loading start serving."""
-        ready = [(t, r) for t, r in self._activations if t <= now]
-        if not ready:
-            return []
-        self._activations = [(t, r) for t, r in self._activations if t > now]
-        started = []
-        for _, r in ready:
-            others = [o.replica for o in self.replicas] + [r]
-            pool = kv_pool_bytes(others, self.models, self.gmg.capacity_bytes,
-                                 self.sc.replay.gpu_memory_utilization)[-1]
-            started.append(self._start_replica(r, pool))
-            self.replicas.append(started[-1])
-            for req in self._parked.pop(r.tenant, []):  # cold start over: parked arrivals go in
-                self._admit(started[-1], req)
-        return started
 
     # ---- result -----------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:

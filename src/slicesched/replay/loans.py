@@ -1,0 +1,205 @@
+"""What SliceScheduler's loans do to replicas and memory, for the replay driver.
+
+A *guest* (`GuestStart`) is a whole replica of a hot tenant on other tenants' devices: KV memory
+borrowed from the owners' free pools, weights copied through the simulator (link time and memory
+paid), stopped by draining or by sending its requests home (`GuestStop`). A *lease*
+(`ShardStage`) stages a tenant's weight shards on lenders' devices so its iterations may run
+tensor-parallel over home plus those devices; its KV mirror is charged like any KV, and an
+iteration run whole over the union completes only once its borrowed heads' KV is copied home
+(`_kv_sync_s`). `ShardRelease` evicts the shards and gives the memory back.
+
+`LoansMixin` holds the driver's methods for these; the state they change (`replicas`,
+`_leases`, the counters) is the driver's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from slicesched.decisions import GuestStart, GuestStop, SchedulerDecision, ShardRelease, ShardStage, WeightEviction
+from slicesched.gmg import block_weight_bytes
+from slicesched.replay.deployment import Replica
+from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
+from slicesched.sched.interface import Batching
+from slicesched.serving import KVBlockManager, TenantEngine, blocks_for
+
+
+@dataclass(slots=True, eq=False)
+class StagedLease:
+    """Staged shards (SliceScheduler) and the memory lent for them."""
+
+    stage: ShardStage
+    lent: list[tuple[ReplicaState, int]]
+    mirror_charged: float = 0.0  # KV mirror bytes per device in the ledger
+    unsynced: int = 0  # tokens whose KV the mirror lacks (computed at home since the last sync)
+
+
+class LoansMixin:
+    """Guests and staged shards (SliceScheduler's loans), for `ReplayDriver`."""
+
+    def _start_guest(self: Any, g: GuestStart, now: float) -> ReplicaState | None:
+        """Borrow KV memory from the devices' owners, copy the tenant's weights there from its own
+        replica (through the simulator: link time and memory are paid), and move waiting requests
+        of the tenant over. Refused (None) if memory cannot be lent or a guest is already there."""
+        devs = tuple(g.devices)
+        if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.replicas):
+            return None
+        src = tuple(g.src_devices)
+        home = next((rs for rs in self.replicas if rs.replica.tenant == g.tenant and not rs.guest
+                     and (rs.replica.devices == src or all(d < 0 for d in src))), None)
+        m = self.models[g.tenant]
+        weights = block_weight_bytes(m, len(devs))
+        lent = self._borrow(devs, float(weights.sum()) + g.kv_bytes)
+        if home is None or lent is None:
+            return None
+        self.backend.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
+        per_tok = m.kv_bytes_per_token() / len(devs)
+        cfg = self.cfg[g.tenant]
+        kv = KVBlockManager(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
+        engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
+                              max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
+                                                                        home.engine.max_model_len))
+        if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
+            engine.decode_batch_tokens = self._decode_budget(Replica(g.tenant, devs))
+        rs = ReplicaState(Replica(g.tenant, devs), self.cluster.group_id(devs), engine, per_tok, guest=True,
+                          lent=lent)
+        self.replicas.append(rs)
+        self.guests_started += 1
+        return rs
+
+    def _loaded(self: Any, rs: ReplicaState) -> bool:
+        """Are all of the replica's weight blocks resident on its devices?"""
+        return self.gmg.weights_on(rs.replica.tenant, 0, 2 * self.models[rs.replica.tenant].layers + 1,
+                                   rs.replica.devices)
+
+    def _borrow(self: Any, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
+        """Lend `nbytes` per device from the free KV blocks of each device's owner replica, all
+        or nothing; owners keep at least a quarter of their pool."""
+        plan = []
+        for d in devs:
+            owner = next((rs for rs in self.replicas if not rs.guest and d in rs.replica.devices), None)
+            if owner is None:
+                return None
+            if any(o is owner for o, _ in plan):
+                continue  # a tensor-parallel owner's blocks span all its devices: lent once, freed on each
+            block_bytes = BLOCK_TOKENS * owner.kv_bytes_per_token
+            n = int(math.ceil(nbytes / block_bytes))
+            kv = owner.engine.kv
+            if n > kv.num_free or kv.num_blocks - n < kv.num_blocks // 4:
+                return None
+            plan.append((owner, n))
+        for owner, n in plan:
+            owner.engine.kv.lend(n)
+        return plan
+
+    def _stop_guest(self: Any, g: GuestStop, now: float) -> list[ReplicaState]:
+        """Send the guest's requests back to the tenant's replicas (recomputed), free its KV and
+        weights, and give the borrowed memory back to the owners."""
+        rs = next((r for r in self.replicas if r.guest and r.replica.tenant == g.tenant
+                   and r.replica.devices == tuple(g.devices)), None)
+        if rs is None:
+            return []
+        homes = [h for h in self.replicas_of(g.tenant) if not h.guest]
+        if g.drain:  # no new requests; released when its running ones are done
+            rs.draining = True
+            for req in rs.engine.take_waiting(rs.engine.num_waiting):
+                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+            if rs.engine.has_work() or rs.engine.num_inflight:
+                return homes
+        self._drop_inflight(rs)
+        for req in rs.engine.evict_all(now):
+            min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+        self._release_guest(rs, now)
+        return homes + [owner for owner, _ in rs.lent]
+
+    def _release_guest(self: Any, rs: ReplicaState, now: float) -> None:
+        """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""
+        self._charge_kv(rs, now)
+        self.replicas.remove(rs)
+        self._evict_weights(rs, now)
+        for owner, n in rs.lent:
+            owner.engine.kv.reclaim(n)
+
+    def _evict_weights(self: Any, rs: ReplicaState, now: float) -> None:
+        """Evict a removed replica's weights, through the simulator so the memory log has them,
+        from every device no other replica of the same tenant still uses."""
+        tenant = rs.replica.tenant
+        kept = {d for o in self.replicas_of(tenant) for d in o.replica.devices}
+        self.backend.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
+            for blk in range(2 * self.models[tenant].layers + 2))))
+
+    # ---- staged weight shards ----------------------------------------------------------------
+    def _stage_shards(self: Any, st: ShardStage, now: float) -> bool:
+        """Lend the shards' memory from the devices' owners (all or nothing) and copy them there
+        through the simulator (link time and memory paid). Refused if a lease holds the devices."""
+        devs = tuple(st.devices)
+        if any(set(devs) & set(k[1]) for k in self._leases):
+            return False
+        lent = self._borrow(devs, st.lent_bytes)
+        if lent is None:
+            return False
+        self.backend.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
+        home = next((rs for rs in self.replicas if rs.replica.tenant == st.tenant and not rs.guest
+                     and rs.replica.devices == tuple(st.home)), None)
+        unsynced = home.engine.kv.used_blocks * BLOCK_TOKENS if home is not None else 0
+        self._leases[(st.tenant, devs)] = StagedLease(st, lent, unsynced=unsynced)
+        self.shards_staged += 1
+        self.shard_bytes_moved += st.bytes_per_device * len(devs)
+        if home is not None:
+            self._charge_mirror(home)
+        return True
+
+    def _lease_of(self: Any, rs: ReplicaState) -> "StagedLease | None":
+        return next((ls for ls in self._leases.values() if ls.stage.tenant == rs.replica.tenant
+                     and tuple(ls.stage.home) == rs.replica.devices), None)
+
+    def _charge_mirror(self: Any, rs: ReplicaState) -> None:
+        """Keep the KV mirror on a lease's devices in step with the replica's KV (its heads of the
+        union's shard, up to the mirror's room), in the memory ledger like any KV."""
+        ls = self._lease_of(rs)
+        if ls is None or ls.stage.kv_mirror_bytes <= 0:
+            return
+        m = self.models[rs.replica.tenant]
+        union_tp = len(ls.stage.home) + len(ls.stage.devices)
+        want = min(rs.engine.kv.used_blocks * BLOCK_TOKENS * m.kv_bytes_per_token() / union_tp,
+                   ls.stage.kv_mirror_bytes)
+        if self._charge(ls.stage.devices, rs.replica.tenant, ls.mirror_charged, want):
+            ls.mirror_charged = want
+
+    def _kv_sync_s(self: Any, key: int) -> float:
+        """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed
+        heads there: copying it home (and the KV of tokens computed at home since the last such
+        iteration to the mirror) takes this long over the link; 0 for any other iteration."""
+        rs, batch = self.inflight[key]
+        ls = self._lease_of(rs)
+        if ls is None:
+            return 0.0
+        it = self.gmg.iterations[key]
+        union = self.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))
+        if int(self.gmg.raw("group")[it.base & self.gmg.mask]) != union:  # not whole (at most MLP slices)
+            ls.unsynced += batch.num_tokens
+            return 0.0
+        m = self.models[rs.replica.tenant]
+        union_tp = len(ls.stage.home) + len(ls.stage.devices)
+        nbytes = (batch.num_tokens + ls.unsynced) * m.kv_bytes_per_token() / union_tp
+        ls.unsynced = 0
+        self.kv_bytes_moved += nbytes * len(ls.stage.devices)
+        link = self.cluster.link(ls.stage.home[0], ls.stage.devices[0])
+        return self.cost.transfer_time(nbytes, link)
+
+    def _release_shards(self: Any, rel: ShardRelease, now: float) -> list[ReplicaState]:
+        """Evict staged shards and give the lent KV blocks back (their owners may batch again)."""
+        lease = self._leases.pop((rel.tenant, tuple(rel.devices)), None)
+        if lease is None:
+            return []
+        st, lent = lease.stage, lease.lent
+        if lease.mirror_charged > 0:
+            self.backend.free_kv(st.devices, lease.mirror_charged, st.tenant)
+        self.backend.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
+        for owner, n in lent:
+            owner.engine.kv.reclaim(n)
+        return [owner for owner, _ in lent]

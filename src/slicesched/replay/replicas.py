@@ -1,0 +1,40 @@
+"""A serving replica as the replay driver keeps it: its engine, device group and charged KV."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from slicesched.replay.deployment import Replica
+from slicesched.replay.pipeline import Pipeline
+from slicesched.serving import TenantEngine
+
+BLOCK_TOKENS = 16  # tokens per KV block of every replica's pool
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    """A serving replica: its engine, device group and the KV bytes already charged to memory."""
+
+    replica: Replica
+    group: int
+    engine: TenantEngine
+    kv_bytes_per_token: float  # per device
+    kv_charged: float = 0.0
+    draining: bool = False
+    move_to: str | None = None
+    guest: bool = False  # serves overflow on other tenants' devices (SliceScheduler)
+    lent: list[tuple["ReplicaState", int]] = field(default_factory=list)  # (owner, KV blocks borrowed)
+    pipe: Pipeline | None = None  # the stages of a pipeline-parallel replica (pp > 1)
+    stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage
+    stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
+    oom_at: float = -math.inf  # when an OOM last preempted it: no new batch until memory can change
+
+    @property
+    def load(self) -> int:
+        return self.engine.num_waiting + self.engine.num_running
+
+    @property
+    def relative_load(self) -> float:
+        """Outstanding requests per KV token of capacity: balances replicas of unequal pools."""
+        return (self.load + 1) / max(self.engine.kv.capacity_tokens, 1)
