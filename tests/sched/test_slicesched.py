@@ -1,5 +1,6 @@
 """SliceScheduler v2 on the real simulator: borrowed devices take a busy tenant's MLP slices;
-what-if forks keep staging within memory and loans within the lender's SLA slack."""
+what-if forks keep staging within memory and loans within the lender's SLA slack. Covers the
+placement policy (`sched/slicesched.py`) and the lending policy it uses (`sched/lending.py`)."""
 
 
 import numpy as np

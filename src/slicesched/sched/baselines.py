@@ -27,8 +27,8 @@ from slicesched.gmg.graph import GlobalMappingGraph
 from slicesched.gmg.ops import BatchShape
 from slicesched.hardware.specs import device_spec, link_spec
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, Batching, ContainerMove, Routing, Scheduler, SchedulerDecision,
-                                        ServingView, SlicePlacement, TenantDemand)
+from slicesched.sched.interface import (SCHEDULERS, Batching, ContainerMove, ReplicaLoad, Routing, Scheduler,
+                                        SchedulerDecision, ServingView, SlicePlacement, TenantDemand)
 
 
 def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
