@@ -86,6 +86,35 @@ def test_two_transfers_sharing_one_link_each_take_twice_as_long() -> None:
         assert waited - latency == pytest.approx(2 * (alone - latency), rel=1e-6)
 
 
+def test_equal_weight_blocks_sharing_a_link_land_together_with_one_reshare_per_instant() -> None:
+    """Blocks copied together over one link share it equally: each size's blocks land at one
+    instant, and a close at that instant does not re-time the blocks that end with it (that
+    spread their landings over many instants by rounding, and cost one re-share per block)."""
+    m = tiny(layers=8, hidden=96)
+    gmg = world({"a": (m, (0,))}, everywhere=True)
+    blocks = list(range(1, 2 * m.layers))  # layers' attention and MLP blocks: two sizes
+    size = {b: float(gmg.resident["a"][b, 1]) for b in blocks}
+    assert len(set(size.values())) == 2
+    sim = Simulator(gmg, COST)
+    sim.apply(SchedulerDecision(0.0, evictions=tuple(WeightEviction("a", b, 1) for b in blocks)))
+    flushes = []
+    flush = sim.net.flush
+    sim.net.flush = lambda now: flushes.append(now) or flush(now)
+    sim.apply(SchedulerDecision(0.0, weight_copies=tuple(WeightCopy("a", b, -1, 1) for b in blocks)))
+    sim.run()
+    landed: dict[float, set[float]] = {}
+    for f in sim.log.flows:
+        landed.setdefault(f[6], set()).add(f[5])
+    assert all(len(ends) == 1 for ends in landed.values())
+    small, large = sorted(landed)
+    link = gmg.cluster.host_link(1)
+    # all share the link until the small ones land; then the large ones have it to themselves
+    n = len(blocks)
+    t_small = COST.transfer_time(n * small, link)
+    assert landed[small].pop() == pytest.approx(t_small, rel=1e-9)
+    assert len(flushes) <= 3  # the joins, the small blocks' landing, (the large ones' landing)
+
+
 def test_slice_waits_for_a_weight_copy_from_host() -> None:
     m = tiny()
     gmg = world({"a": (m, (0,))}, everywhere=True)

@@ -471,7 +471,7 @@ class Simulator(SegmentMixin, WeightsMixin, ForkMixin):
         elif prio == _XFER_END:
             new = self._on_xfer_end(ev[2])  # type: ignore[arg-type]
         else:
-            self.net.join(ev[2])  # type: ignore[arg-type]
+            self.net.join(ev[2], self.now)  # type: ignore[arg-type]
             new = []
         if new or self._deferred:
             self._push(new)
@@ -782,7 +782,7 @@ class Simulator(SegmentMixin, WeightsMixin, ForkMixin):
 
     def _close_flow(self, key: FlowKey) -> Flow:
         self._touch_flow(self.net.flows[key])
-        return self.net.close(key)
+        return self.net.close(key, self.now)
 
     def _touch_flow(self, flow: Flow) -> None:
         """Flows in flight slow co-located work under interference: a change splits segments there."""

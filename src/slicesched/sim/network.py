@@ -136,16 +136,16 @@ class Network:
         self._links = None
         return [(now + flow.latency, Prio.XFER_JOIN, flow.key, flow.version)]
 
-    def join(self, key: FlowKey) -> None:
+    def join(self, key: FlowKey, now: float) -> None:
         """Latency elapsed: the flow starts streaming and takes its share of its resources (at
         the next `flush`)."""
         f = self.flows[key]
         f.joined = True
         for r in f.resources:
             self.on.setdefault(r, []).append(key)
-        self._mark(f.resources)
+        self._mark(f.resources, now)
 
-    def close(self, key: FlowKey) -> Flow:
+    def close(self, key: FlowKey, now: float) -> Flow:
         """Remove a finished (or cancelled) flow; the flows it shared with speed up (at the next
         `flush`)."""
         f = self.flows.pop(key)
@@ -153,7 +153,7 @@ class Network:
         if f.joined:
             for r in f.resources:
                 self.on[r].remove(key)
-            self._mark(f.resources)
+            self._mark(f.resources, now)
         return f
 
     def links(self) -> set[frozenset[int]]:
@@ -170,14 +170,19 @@ class Network:
         """Flows in flight into or out of `device` (for interference)."""
         return sum(1 for f in self.flows.values() if device in f.dst or device in f.src)
 
-    def _mark(self, resources: tuple[Resource, ...]) -> None:
-        """Flows on these resources get new shares at `flush`; their end events are stale now."""
+    def _mark(self, resources: tuple[Resource, ...], now: float) -> None:
+        """Flows on these resources get new shares at `flush`; their end events are stale now,
+        except those of flows that end at `now` anyway (their bytes are all through: a new share
+        changes nothing, and re-projecting them would move their ends by rounding alone, one
+        instant per flow, so n blocks of one size ending together would cost n flushes)."""
         dirty, flows = self.dirty, self.flows
         for r in resources:
             if r not in dirty:
                 dirty.add(r)
                 for k in self.on.get(r, ()):
-                    flows[k].version += 1
+                    f = flows[k]
+                    if f.end > now:
+                        f.version += 1
 
     def flush(self, now: float) -> list[Event]:
         """Give every flow on a changed resource its share and a new projected end (the end
@@ -189,6 +194,8 @@ class Network:
         share: dict[Resource, float] = {}  # each resource's equal share, computed once per flush
         for k in affected:
             f = flows[k]
+            if f.end <= now:  # ends now, its event still current (see `_mark`)
+                continue
             f.remaining = max(f.remaining - f.rate * (now - f.last), 0.0)
             f.last = now
             rate = float("inf")
