@@ -112,6 +112,18 @@ def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():
     assert s.report.memory_rejections == 2  # the shards, then an overflow replica there
 
 
+def test_memory_what_ifs_per_check_are_bounded_and_the_rest_wait_for_the_next_check():
+    g, sim = two_tenants()
+    assert sim.alloc_kv(1, 60e9, "cold") is None  # both candidates fail their memory what-if
+    s = scheduler(memory_whatifs_per_check=1)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    d = s.schedule(g, sim.now)
+    assert d.shard_stages == () and d.guest_starts == ()
+    assert (s.report.memory_rejections, s.report.deferred_loans, s.report.whatif_calls) == (1, 1, 1)
+    s.schedule(g, sim.now + 1e-3)  # the next check forks again, within its own budget
+    assert s.report.whatif_calls == 2
+
+
 def test_no_staging_on_a_busy_lender_or_for_an_idle_tenant():
     g, sim = two_tenants()
     s = scheduler()

@@ -196,6 +196,9 @@ class SliceSchedConfig(_Strict):
     horizon_s: float = Field(0.5, gt=0, description="at most this far a what-if fork runs ahead to see an "
                            "iteration end (else twice the iteration's cost-model duration)")
     stage_horizon_s: float = Field(0.05, gt=0, description="what-if horizon of the memory check before staging")
+    memory_whatifs_per_check: int = Field(4, ge=1, description="at most this many memory what-ifs (shard stages and "
+                                          "overflow replicas) in one lease check; later candidates wait for the "
+                                          "next check, so one decision's work stays bounded")
     lender_slack_frac: float = Field(0.1, ge=0, description="a lender's iteration may be delayed by borrowed "
                                      "slices by at most this share of its TPOT SLO (predicted by a what-if)")
     min_gain_frac: float = Field(0.02, ge=0, description="borrow devices for an iteration only if the what-if "

@@ -57,6 +57,7 @@ class LendingMixin:
     def _refresh_leases(self: Any, gmg: GlobalMappingGraph, now: float) -> tuple[tuple[ShardStage, ...],
                                                                          tuple[ShardRelease, ...]]:
         view = self._view
+        self._whatif_budget = self.cfg.memory_whatifs_per_check
         everyone = view.replica_loads()
         loads = [r for r in everyone if not r.guest]
         leases = view.shard_leases()
@@ -182,6 +183,8 @@ class LendingMixin:
             tp = len(r.devices)
             if not _tp_ok(self.models[r.tenant], 2 * tp):
                 continue
+            if self._budget_spent():
+                break
             cands = self._lender_candidates(r, loads, borrowers | {hottest})
             owner = {d: o.tenant for o in cands for d in o.devices}
             node = gmg.cluster.device_node[r.devices[0]]  # tensor parallel stays inside a node's fabric
@@ -241,6 +244,8 @@ class LendingMixin:
             if (r.tenant in hosted or r.tenant not in self.models or r.draining or not taken.isdisjoint(r.devices)
                     or fc.get(r.tenant, 0.0) < max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)):
                 continue
+            if self._budget_spent():
+                break
             cands = self._lender_candidates(r, loads, lenders_of)
             g = self._guest_for(gmg, r, cands, taken, idle)
             if g is None:
@@ -287,11 +292,21 @@ class LendingMixin:
         peak = max((f for _, f in self._kv_seen.get(o.group, ())), default=o.kv_used_frac)
         return self.cfg.lend_frac * max(0.0, o.kv_free_bytes - self.cfg.kv_headroom * peak * pool)
 
+    def _budget_spent(self: Any) -> bool:
+        """Are this check's memory what-ifs spent? Then the remaining candidates wait for the
+        next check (counted once), unexamined: one decision's work stays bounded."""
+        if self._whatif_budget > 0:
+            return False
+        self.report.deferred_loans += 1
+        return True
+
     def _memory_safe(self: Any, devices: tuple[int, ...], copies: tuple, extra_bytes: float) -> bool:
         """What-if: apply the copies, run ahead: no predicted OOM, peaks plus the `extra_bytes`
-        per device still to be lent (KV) within capacity."""
+        per device still to be lent (KV) within capacity. Spends one of this check's
+        `memory_whatifs_per_check` (see `_budget_spent`)."""
         import time
 
+        self._whatif_budget -= 1
         t0 = time.perf_counter()
         self.report.whatif_calls += 1
         # a fork of the copies' devices and what reaches them: the peaks read are theirs

@@ -12,7 +12,8 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
   `ShardStage` copies the tenant's weight shards at the union's degree there, ahead of need, in
   memory the owners lend from their free KV pool (at most `lend_frac`), part of it a KV mirror
   for the borrower's KV heads of the shard. A what-if fork applies the copies and runs
-  `stage_horizon_s` ahead first: refused on a predicted OOM or a peak beyond capacity.
+  `stage_horizon_s` ahead first: refused on a predicted OOM or a peak beyond capacity (at most
+  `memory_whatifs_per_check` such forks per check; later candidates wait for the next one).
   `ShardRelease` gives the memory back when the lender's KV pool fills (`reclaim_kv_frac`) or
   its load forecast passes `reclaim_forecast_frac` of the borrower's (hysteresis over the staging
   rule: a restage copies every shard again), when the borrower is calm or no longer among the hottest,
@@ -94,6 +95,7 @@ class RunReport:
     staged_bytes: float = 0.0  # weight bytes the stages asked to copy (all devices)
     whatif_calls: int = 0
     memory_rejections: int = 0  # stages refused by the memory what-if
+    deferred_loans: int = 0  # lease checks that left stage or overflow candidates for the next (what-if budget spent)
     slack_rejections: int = 0  # loans refused because a lender would leave its SLA slack
     gain_rejections: int = 0  # loans refused because the iteration would not end sooner
     decision_s: list[float] = field(default_factory=list)
@@ -136,6 +138,7 @@ class SliceScheduler(LendingMixin, Scheduler):
         self._last_busy: dict[int, float] = {}  # home group -> last time it had requests
         self._releasing: set[int] = set()  # home groups whose lease is being given back
         self._next_check = 0.0
+        self._whatif_budget = 0  # memory what-ifs left in this lease check
         self._now = 0.0
         self._cost = None
         self._memo: dict[tuple, tuple[int, float]] = {}  # shape class -> (mode, decided at)
