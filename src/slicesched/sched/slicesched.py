@@ -251,9 +251,15 @@ class SliceScheduler(LendingMixin, Scheduler):
         n = it.graph.num_slices
         ids = np.arange(it.base, it.base + n)
         group = gmg.raw("group")[ids & gmg.mask]  # mappings are exact unsettled
+        mapped = bool((group >= 0).any())
+        if not mapped and wide != MLP:  # nothing mapped, so nothing started: the whole iteration at once
+            target = lease.union if wide == WHOLE else lease.home_group
+            if count and wide:
+                self.report.slices_away += n
+            return [SlicePlacement(it.base, target, n)]
         # a slice starts only once mapped: for an iteration not mapped yet, no read of its
         # progress (which would make the simulator write out every running chain's steps)
-        state = gmg.get("state", ids) if (group >= 0).any() else np.zeros(n, np.int64)
+        state = gmg.get("state", ids) if mapped else np.zeros(n, np.int64)
         want = np.full(n, lease.home_group, np.int64)
         if wide == WHOLE:
             want[:] = lease.union

@@ -85,6 +85,7 @@ class _Shared:
         self.paths = Paths(gmg.cluster, cost)
         self.infos: dict[int, IterInfo] = {}
         self.devs: dict[int, tuple[int, ...]] = {}
+        self.span_devs: dict[tuple[int, ...], frozenset[int]] = {}  # groups -> the devices they cover
         self.home_bytes: dict[str, np.ndarray] = {}
 
 

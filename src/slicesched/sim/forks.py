@@ -86,17 +86,24 @@ class ForkMixin:
         memo = self._reach_memo
         if memo is not None and memo[0] == state:  # a scheduler's forks of one state and focus
             return memo[1]
-        devs_of = self._devs
-        spans: dict[int, set[int]] = {}
-        for key, groups in self._spans.items():
-            spans[key] = {d for g in groups for d in devs_of(g)}
+        covered = self._span_devs
+        spans: dict[int, frozenset[int]] = {key: covered(groups) for key, groups in self._spans.items()}
+
+        def add(key: int, group: int) -> None:
+            ds = covered((group,))
+            have = spans.get(key)
+            if have is None:
+                spans[key] = ds
+            elif not ds <= have:
+                spans[key] = have | ds
+
         for r in self._running.values():  # mapped before this simulator kept spans (restored states)
-            spans.setdefault(r.info.key, set()).update(devs_of(r.group))
+            add(r.info.key, r.group)
         links = self.net.links()
         if decision is not None:
             for p in decision.placements:
                 for key in self._keys_of(p.first_slice, p.num_slices):
-                    spans.setdefault(key, set()).update(devs_of(p.group))
+                    add(key, p.group)
             links = links | {frozenset(d for d in (c.src_device, c.dst_device) if d >= 0) for c in decision.weight_copies}
         reach, keys = set(seed), set()
         grown = True
@@ -114,6 +121,14 @@ class ForkMixin:
         out = (frozenset(reach), frozenset(keys))
         self._reach_memo = (state, out)
         return out
+
+    def _span_devs(self: Any, groups: tuple[int, ...]) -> frozenset[int]:
+        """The devices these groups cover (memoized: an iteration's groups repeat across iterations)."""
+        memo = self._sh.span_devs
+        ds = memo.get(groups)
+        if ds is None:
+            ds = memo[groups] = frozenset(d for g in groups for d in self._devs(g))
+        return ds
 
     def _keys_of(self: Any, first: int, n: int) -> tuple[int, ...]:
         """The iterations slices first..first+n-1 belong to (keys never decrease along ids)."""
