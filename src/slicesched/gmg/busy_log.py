@@ -182,15 +182,18 @@ class BusyLog:
 
 
 def _segmented_cummax(x: np.ndarray, seg_start: np.ndarray) -> np.ndarray:
-    """Running maximum restarting at each True of `seg_start`, exactly (padded 2-D accumulate)."""
-    if len(x) == 0:
+    """Running maximum restarting at each True of `seg_start`, exactly: one running maximum of
+    (segment, rank of x) encoded as an integer. Segments ascend along the array, so every key
+    of a segment exceeds every key before it and the maximum never carries over; a padded
+    segments x longest-segment grid cost memory and time with one busy device among idle ones."""
+    n = len(x)
+    if n == 0:
         return x
-    seg = np.cumsum(seg_start) - 1
-    starts = np.flatnonzero(seg_start)
-    pos = np.arange(len(x)) - starts[seg]
-    grid = np.full((len(starts), int(pos.max()) + 1), -np.inf)
-    grid[seg, pos] = x
-    return np.maximum.accumulate(grid, axis=1)[seg, pos]
+    order = np.argsort(x, kind="stable")
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    key = (np.cumsum(seg_start) - 1).astype(np.int64) * n + rank
+    return x[order[np.maximum.accumulate(key) % n]]
 
 
 def gaps_by_device(dev: np.ndarray, s: np.ndarray, e: np.ndarray, t0: float, t1: float,
