@@ -54,8 +54,10 @@ class LendingMixin:
     """Leases and overflow replicas, for `SliceScheduler`."""
 
     # ---- leases ------------------------------------------------------------------------------
-    def _refresh_leases(self: Any, gmg: GlobalMappingGraph, now: float) -> tuple[tuple[ShardStage, ...],
-                                                                         tuple[ShardRelease, ...]]:
+    def _refresh_leases(self: Any, gmg: GlobalMappingGraph, now: float) -> tuple[
+            tuple[ShardStage, ...], tuple[ShardRelease, ...], tuple[GuestStart, ...], tuple[GuestStop, ...]]:
+        """One lease check: forecasts, then releases, guest stops, stages and guest starts, with
+        at most `memory_whatifs_per_check` memory what-ifs among them."""
         view = self._view
         self._whatif_budget = self.cfg.memory_whatifs_per_check
         everyone = view.replica_loads()
