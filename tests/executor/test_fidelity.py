@@ -16,6 +16,8 @@ TRACE = (Step(1, 32), Step(2, 1, 64))
 class Scaled:
     """A cost model `factor` times another (a deliberately wrong prediction)."""
 
+    prices_ops_alone = False
+
     def __init__(self, inner, factor):
         self.inner, self.factor = inner, factor
 

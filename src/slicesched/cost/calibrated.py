@@ -250,6 +250,7 @@ class CalibratedCostModel:
     """Fitted to `profile` (a path, `shared:...` reference or `Profile`); the roofline elsewhere."""
 
     __slots__ = ("fits", "stages", "fallback", "source")
+    prices_ops_alone = False  # a served model's stage fits price its blocks together
 
     def __init__(self, profile: str | Path | Profile = "shared:profiles/vidur", fallback: CostModel | None = None,
                  residuals: bool = True) -> None:

@@ -18,6 +18,11 @@ from slicesched.registry import Registry
 
 @runtime_checkable
 class CostModel(Protocol):
+    #: True when an op's time depends only on its own numbers and the graph's shape and tp, so
+    #: the times of a pipeline stage's ops are those of the same ops in the whole iteration
+    #: (`sim.timing.TimingCache` then prices the whole once for all its stages).
+    prices_ops_alone: bool
+
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
         """Seconds for every op of `graph` on one device of a `graph.tp`-way group (float64 [num_ops])."""
         ...

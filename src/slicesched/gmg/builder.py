@@ -11,7 +11,6 @@ float64 per number (as evaluating the row directly would do), and a gather over 
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple

@@ -76,7 +76,7 @@ class TimingCache:
         self._ops: dict[tuple[int, Variant], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         # whole iterations whose pipeline stages are priced from one call (see `_price`)
         self._wholes: dict[tuple[int, Variant], tuple[IterationGraph, np.ndarray]] = {}
-        self._stage_views = getattr(cost, "prices_ops_alone", False)
+        self._stage_views = cost.prices_ops_alone
 
     def variant(self, group: int) -> Variant:
         v = self._by_group.get(group)
