@@ -44,7 +44,7 @@ from slicesched.executor.serving import PagedModel
 from slicesched.executor.tp import GroupRun, TPProgram
 from slicesched.errors import InputError
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
-from slicesched.gmg.capture import value_bytes
+from slicesched.gmg.node_costs import value_bytes
 from slicesched.gmg.ops import IterationGraph
 from slicesched.decisions import (OOMEvent, SchedulerDecision, SliceCompletion, SlicePlacement, StepInputs,
                                   StepOutcome)

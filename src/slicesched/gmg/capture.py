@@ -6,7 +6,7 @@ graph comes from `torch.export` (or, for `torch.compile`, from dynamo + AOTAutog
 placeholders and whose nodes carry FakeTensor values (`meta["val"]`) and the module path that
 issued them (`meta["nn_module_stack"]`). From those we:
 
-1. cost every node (FLOPs by the conventions in `gmg/ops.py`, bytes from the fake values);
+1. cost every node (`node_costs.py`: FLOPs as `gmg/ops.py` counts them, bytes from fake values);
 2. group nodes into *ops* of the analytic kinds: an *anchor* node (a norm, a GEMM reading a
    parameter, an attention, the residual add, activation arithmetic, rotary arithmetic) opens
    or joins the op keyed by (layer, block, kind); every other node (views, copies, masks,
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from slicesched.gmg.node_costs import (ATTENTION_OPS, GEMM_OPS, NORM_OPS, PASS_THROUGH_OPS, NodeCost, fake_value,
+                                         node_arg, node_cost, op_name, shape_of, value_bytes)
 from slicesched.gmg.ops import BatchShape, Grain, IterationGraph, OpKind
 
 
@@ -46,182 +47,6 @@ class CaptureError(Exception):
         self.node, self.op, self.message = node, op, message
         where = ", ".join(x for x in (f"node '{node}'" if node else "", f"op '{op}'" if op else "") if x)
         super().__init__(f"{where}: {message}" if where else message)
-
-
-# ---- per-node costs ---------------------------------------------------------------------------
-
-#: Ops that move, reshape or create data without arithmetic (0 FLOPs, never anchors).
-_DATA_OPS = frozenset("""
-    view _unsafe_view reshape expand expand_as unsqueeze squeeze transpose t permute slice select
-    alias detach detach_ as_strided contiguous clone _to_copy to lift_fresh_copy split
-    split_with_sizes chunk unbind flatten unflatten view_as cat stack index index_select gather
-    embedding arange full zeros ones empty new_ones new_zeros new_empty zeros_like ones_like
-    full_like empty_like scalar_tensor dropout native_dropout _assert_tensor_metadata
-    _assert_scalar sym_size sym_numel copy copy_ fill fill_ repeat repeat_interleave diff
-    narrow roll flip pad constant_pad_nd getitem masked_fill_ index_put index_put_ scatter
-""".split())
-
-#: FLOPs per output element for element-wise ops (one per arithmetic operation; see ops.py).
-_PER_ELEM = {
-    **{k: 1 for k in """add sub rsub mul div neg pow rsqrt sqrt exp exp2 log log2 tanh sigmoid
-        reciprocal cos sin abs maximum minimum clamp clamp_min clamp_max where eq ne le lt ge gt
-        __and__ __or__ bitwise_and bitwise_or bitwise_not logical_and logical_or logical_not erf
-        floor ceil round masked_fill cumsum square relu sign trunc""".split()},
-    "silu": 4,  # x * sigmoid(x): neg, exp, add, div; with the gating mul: 5/elem (ops.py)
-    "gelu": 8, "softmax": 5, "_softmax": 5, "log_softmax": 5, "_log_softmax": 5,
-    "layer_norm": 4, "native_layer_norm": 4, "rms_norm": 4, "_fused_rms_norm": 4, "group_norm": 4,
-}
-_REDUCE = frozenset("mean sum amax amin var std prod logsumexp".split())  # per input element
-_GEMM = frozenset("linear mm addmm bmm baddbmm matmul".split())
-_ATTENTION = frozenset("""scaled_dot_product_attention _scaled_dot_product_flash_attention_for_cpu
-    _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
-    _scaled_dot_product_cudnn_attention _scaled_dot_product_attention_math""".split())
-_NORM_OPS = frozenset("layer_norm native_layer_norm rms_norm _fused_rms_norm group_norm".split())
-#: Single-input ops a weight or a KV tensor passes through on its way to a GEMM / attention.
-_PASS_THROUGH = frozenset("""t transpose permute view _unsafe_view reshape expand unsqueeze squeeze
-    detach alias _to_copy to clone contiguous""".split())
-
-
-def op_name(node: fx.Node) -> str:
-    """The ATen op name of a node ('add' for aten.add.Tensor), or the callable's name."""
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return t._opname
-    if isinstance(t, torch._ops.OpOverloadPacket):
-        return t._qualified_op_name.split("::")[-1]
-    if t is operator.getitem:
-        return "getitem"
-    return getattr(t, "__name__", str(t))
-
-
-def _hint(x: Any) -> int:
-    """A concrete size for a possibly symbolic one (the example value it was traced with)."""
-    if isinstance(x, torch.SymInt):
-        return int(x.node.hint) if x.node.hint is not None else int(x.node.shape_env.size_hint(x.node.expr))
-    return int(x)
-
-
-def _tensors(v: Any) -> list[torch.Tensor]:
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (tuple, list)):
-        return [t for x in v for t in _tensors(x)]
-    return []
-
-
-def value_bytes(v: Any) -> int:
-    """Bytes of the tensors in a node value (its logical size, whatever its strides)."""
-    return sum(_numel(t) * t.element_size() for t in _tensors(v))
-
-
-def _numel(t: torch.Tensor) -> int:
-    n = 1
-    for s in t.shape:
-        n *= _hint(s)
-    return n
-
-
-def _shape(v: Any) -> tuple[int, ...]:
-    ts = _tensors(v)
-    return tuple(_hint(s) for s in ts[0].shape) if ts else ()
-
-
-def _arg(node: fx.Node, name: str, pos: int, default: Any = None) -> Any:
-    """An argument by schema name or position (ATen ops accept either)."""
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[pos] if len(node.args) > pos else default
-
-
-def _val(x: Any) -> Any:
-    return x.meta.get("val") if isinstance(x, fx.Node) else x
-
-
-@dataclass(frozen=True, slots=True)
-class NodeCost:
-    """Work of one fx node: FLOPs by the ops.py conventions, bytes of its tensor inputs/outputs."""
-
-    flops: float
-    bytes_read: float
-    bytes_written: float
-
-
-def attention_keys(q_shape: Sequence[int], k_shape: Sequence[int], causal: bool) -> int:
-    """Sum over queries of attended keys for q [B, H, Tq, d] and k [B, Hk, Tk, d].
-
-    Causal: query i of the Tq new tokens sees the Tk - Tq cached keys plus i + 1 new ones,
-    which halves prefill work (ops.py); a decode query (Tq = 1) sees all Tk keys either way.
-    """
-    batch = int(np.prod(q_shape[:-3])) if len(q_shape) > 3 else 1
-    tq, tk = int(q_shape[-2]), int(k_shape[-2])
-    if not causal:
-        return batch * tq * tk
-    return batch * (tq * (tk - tq) + tq * (tq + 1) // 2)
-
-
-def _schema_arg(node: fx.Node, name: str, default: Any = None) -> Any:
-    """An ATen argument by its schema name, whether passed by position or keyword."""
-    if name in node.kwargs:
-        return node.kwargs[name]
-    schema = getattr(node.target, "_schema", None)
-    for i, a in enumerate(schema.arguments if schema is not None else ()):
-        if a.name == name:
-            return node.args[i] if i < len(node.args) else default
-    return default
-
-
-def _attention_flops(node: fx.Node, causal_masks: bool) -> float:
-    qs, ks = _shape(_val(node.args[0])), _shape(_val(node.args[1]))  # [B, H, Tq, d], [B, Hk, Tk, d]
-    mask = _schema_arg(node, "attn_mask", _schema_arg(node, "attn_bias"))
-    causal = bool(_schema_arg(node, "is_causal", False)) or (mask is not None and causal_masks)
-    heads = qs[-3] if len(qs) >= 3 else 1
-    return 4.0 * qs[-1] * heads * attention_keys(qs, ks, causal)
-
-
-def _gemm_flops(node: fx.Node, name: str) -> float:
-    out = _numel(_tensors(_val(node))[0])
-    a = node.args[1] if name in ("addmm", "baddbmm") else node.args[0]
-    return 2.0 * out * _hint(_shape(_val(a))[-1])
-
-
-def node_cost(node: fx.Node, causal_masks: bool = True) -> tuple[NodeCost, bool]:
-    """(cost, known): FLOPs of one call node; `known` is False for ops we have no rule for."""
-    name = op_name(node).rstrip("_") if not op_name(node).startswith("__") else op_name(node)
-    out = _val(node)
-    written = 0.0 if name in _DATA_OPS else float(value_bytes(out))
-    read = float(sum(value_bytes(_val(a)) for a in node.all_input_nodes))
-    outs = _tensors(out)
-    known = True
-    if name in _GEMM:
-        flops = _gemm_flops(node, name)
-    elif name in _ATTENTION:
-        flops = _attention_flops(node, causal_masks)
-    elif name in _PER_ELEM and outs:
-        flops = float(_PER_ELEM[name] * _numel(outs[0]))
-    elif name in _REDUCE:
-        ins = _tensors(_val(node.args[0])) if node.args else []
-        flops = float(_numel(ins[0])) if ins else 0.0
-    elif name in _DATA_OPS or not outs:
-        flops = 0.0
-    else:
-        flops, known = _registry_flops(node), False
-    return NodeCost(flops, read, written), known
-
-
-def _registry_flops(node: fx.Node) -> float:
-    """Fallback for ops without a rule here: torch's FlopCounter formulas, else 0."""
-    from torch.utils.flop_counter import flop_registry
-
-    t = node.target
-    packet = getattr(t, "overloadpacket", None)
-    fn = flop_registry.get(packet) if packet is not None else None
-    if fn is None:
-        return 0.0
-    args = torch.utils._pytree.tree_map_only(fx.Node, _val, (node.args, node.kwargs))
-    try:
-        return float(fn(*args[0], **args[1], out_val=_val(node)))
-    except Exception:  # a formula that cannot take fake values: count nothing, reported as unknown
-        return 0.0
 
 
 # ---- module paths ------------------------------------------------------------------------------
@@ -326,8 +151,8 @@ class _Grouper:
 
     def _weight_of(self, node: fx.Node, name: str) -> fx.Node | None:
         """The parameter placeholder a GEMM multiplies by, through transposes and views."""
-        w = _arg(node, "mat2", 2) if name in ("addmm", "baddbmm") else node.args[1] if len(node.args) > 1 else None
-        while isinstance(w, fx.Node) and w.op == "call_function" and op_name(w) in _PASS_THROUGH:
+        w = node_arg(node, "mat2", 2) if name in ("addmm", "baddbmm") else node.args[1] if len(node.args) > 1 else None
+        while isinstance(w, fx.Node) and w.op == "call_function" and op_name(w) in PASS_THROUGH_OPS:
             w = w.args[0]
         return w if isinstance(w, fx.Node) and w.op == "placeholder" and w.name in self.weights else None
 
@@ -337,12 +162,12 @@ class _Grouper:
 
     def _layer_anchor(self, node: fx.Node, name: str, path: str, cls: str, st: _LayerState,
                       cost: NodeCost) -> OpKind | None:
-        if "Norm" in cls or name in _NORM_OPS:
+        if "Norm" in cls or name in NORM_OPS:
             return OpKind.NORM
-        if name in _ATTENTION:
+        if name in ATTENTION_OPS:
             st.attn_seen = True
             return OpKind.ATTENTION
-        if name in _GEMM and self._weight_of(node, name) is not None:
+        if name in GEMM_OPS and self._weight_of(node, name) is not None:
             if st.block == 0:
                 if st.attn_seen:
                     return OpKind.O_PROJ
@@ -352,7 +177,7 @@ class _Grouper:
             return OpKind.MLP_DOWN if self._producer_kind(a) == OpKind.MLP_ACT else OpKind.MLP_UP
         if name == "add" and _is_layer_module(path) and len(node.all_input_nodes) == 2:
             return OpKind.RESIDUAL_ADD
-        if cost.flops > 0 and name not in _GEMM:
+        if cost.flops > 0 and name not in GEMM_OPS:
             if st.block == 0 and st.qkv_seen and not st.attn_seen:
                 return OpKind.ROPE
             if st.block == 1:
@@ -360,9 +185,9 @@ class _Grouper:
         return None
 
     def _head_anchor(self, node: fx.Node, name: str, cls: str) -> OpKind | None:
-        if "Norm" in cls or name in _NORM_OPS:
+        if "Norm" in cls or name in NORM_OPS:
             return OpKind.NORM
-        if name in _GEMM and self._weight_of(node, name) is not None:
+        if name in GEMM_OPS and self._weight_of(node, name) is not None:
             return OpKind.LM_HEAD
         return None
 
@@ -525,8 +350,8 @@ def _infer_shape(ops: list[_Op]) -> BatchShape:
     """Batch shape from the first attention: B sequences of Tq new tokens after Tk - Tq cached."""
     for op in ops:
         for n in op.nodes:
-            if op_name(n) in _ATTENTION:
-                qs, ks = _shape(_val(n.args[0])), _shape(_val(n.args[1]))
+            if op_name(n) in ATTENTION_OPS:
+                qs, ks = shape_of(fake_value(n.args[0])), shape_of(fake_value(n.args[1]))
                 b = int(np.prod(qs[:-3])) if len(qs) > 3 else 1
                 return BatchShape(np.full(b, qs[-2], np.int64), np.full(b, ks[-2] - qs[-2], np.int64), b)
     return BatchShape.prefill(1)
@@ -557,13 +382,13 @@ def _iteration_graph(gm: fx.GraphModule, inputs: GraphInputs, ops: list[_Op], no
                     if a in node_op:
                         edges.add((node_op[a], i))
         outs = [nd for nd in op.nodes if any(node_op.get(u, -1) != i for u in nd.users)]
-        wbytes = sum(value_bytes(_val(_placeholder(gm, w))) for w in reads[i])
-        cols["bytes_read"][i] = sum(value_bytes(_val(a)) for a in ext_in) + wbytes
-        cols["bytes_written"][i] = cols["out_bytes"][i] = sum(value_bytes(_val(o)) for o in outs)
-        cols["kv_write_bytes"][i] = sum(_kv_new_bytes(nd) for nd in op.nodes if op_name(nd) in _ATTENTION)
-        shapes.append(tuple(_shape(_val(a)) for a in ext_in) + ((_shape(_val(outs[-1])),) if outs else ()))
+        wbytes = sum(value_bytes(fake_value(_placeholder(gm, w))) for w in reads[i])
+        cols["bytes_read"][i] = sum(value_bytes(fake_value(a)) for a in ext_in) + wbytes
+        cols["bytes_written"][i] = cols["out_bytes"][i] = sum(value_bytes(fake_value(o)) for o in outs)
+        cols["kv_write_bytes"][i] = sum(_kv_new_bytes(nd) for nd in op.nodes if op_name(nd) in ATTENTION_OPS)
+        shapes.append(tuple(shape_of(fake_value(a)) for a in ext_in) + ((shape_of(fake_value(outs[-1])),) if outs else ()))
     for w, i in owner.items():
-        cols["weight_bytes"][i] += value_bytes(_val(_placeholder(gm, w)))
+        cols["weight_bytes"][i] += value_bytes(fake_value(_placeholder(gm, w)))
     kind = np.fromiter((o.kind for o in ops), np.int8, n)
     layer = np.fromiter((o.layer for o in ops), np.int16, n)
     block = np.fromiter((o.block for o in ops), np.int64, n)
@@ -602,15 +427,15 @@ def _kv_new_bytes(attn: fx.Node) -> float:
     the cache concatenation, minus what was already cached (the graph inputs it extends)."""
     total = 0.0
     for x in attn.args[1:3]:
-        while isinstance(x, fx.Node) and op_name(x) in _PASS_THROUGH:
+        while isinstance(x, fx.Node) and op_name(x) in PASS_THROUGH_OPS:
             x = x.args[0]
         if not isinstance(x, fx.Node):
             continue
         if op_name(x) == "cat":
-            old = sum(value_bytes(_val(a)) for a in x.args[0] if isinstance(a, fx.Node) and a.op == "placeholder")
-            total += value_bytes(_val(x)) - old
+            old = sum(value_bytes(fake_value(a)) for a in x.args[0] if isinstance(a, fx.Node) and a.op == "placeholder")
+            total += value_bytes(fake_value(x)) - old
         else:
-            total += value_bytes(_val(x))
+            total += value_bytes(fake_value(x))
     return total
 
 
