@@ -92,7 +92,8 @@ class GuestStart:
 class GuestStop:
     """End the guest of `tenant` on `devices`. With `drain`, it takes no new requests and is
     released once its running ones finish; without, its requests move back to the tenant's own
-    replicas at once (recomputed). Then its KV and weights are freed and the lent memory returns."""
+    replicas at once (running ones with their KV cache where a replica has room, the rest
+    recomputed). Then its KV and weights are freed and the lent memory returns."""
 
     tenant: str
     devices: tuple[int, ...]

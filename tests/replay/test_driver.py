@@ -338,22 +338,28 @@ def test_routing_is_the_schedulers_declared_rule(name, expect):
     assert drv._route(Request(300, "a", 0.02, 512, 8)) is drv.replicas[expect]
 
 
+def _dedicated_and_slicesched():
+    """Drivers of TWO_REPLICAS under `dedicated` and `slicesched`, with the isolated SLAs."""
+    from slicesched.replay.slo import isolated_slas
+
+    sc = scenario(TWO_REPLICAS)
+    cost = make_cost_model()
+    slas = isolated_slas(sc, cost)
+    trace = Trace.from_columns("t", [9.0], [10], [2], ["a"])
+    return (sc, cost, slas, ReplayDriver(sc, make_scheduler("dedicated", sc), trace, cost=cost, slas=slas),
+            ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=slas))
+
+
 def test_batching_is_the_schedulers_declared_rule():
     """Under SliceScheduler (Batching.TPOT_BUDGET) a replica's iterations with decodes carry at
     most the prefill whose cost-model step fits in its TPOT SLO; the baselines keep the
     configured budget."""
     from slicesched.gmg import BatchShape, build_iteration
     from slicesched.replay.serving_rules import DECODES_AT_BUDGET, TPOT_BUDGET_FRAC
-    from slicesched.replay.slo import isolated_slas
     from slicesched.serving.sla import REFERENCE_PROMPT
 
-    sc = scenario(TWO_REPLICAS)
-    cost = make_cost_model()
-    slas = isolated_slas(sc, cost)
-    trace = Trace.from_columns("t", [9.0], [10], [2], ["a"])
-    dedicated = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, cost=cost, slas=slas)
+    sc, cost, slas, dedicated, drv = _dedicated_and_slicesched()
     assert all(rs.engine.decode_batch_tokens is None for rs in dedicated.replicas)
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=slas)
     budget = drv.replicas[0].engine.decode_batch_tokens
     assert budget is not None and 64 <= budget < sc.tenants[0].max_batch_tokens and budget % 64 == 0
 
@@ -367,6 +373,17 @@ def test_batching_is_the_schedulers_declared_rule():
     assert step_s(budget) <= target < step_s(budget + 64)
 
 
+def test_admission_is_the_schedulers_declared_rule():
+    """SliceScheduler (Admission.DEADLINE) plans admission with each request's own TTFT deadline
+    and prefill alone from its tenant's SLA; the baselines admit first come, first served."""
+    from slicesched.serving import Request
+
+    _, _, slas, dedicated, drv = _dedicated_and_slicesched()
+    assert all(rs.engine.ttft_plan is None for rs in dedicated.replicas)
+    r = Request(1, "a", 3.0, 2048, 8)
+    assert all(rs.engine.ttft_plan(r) == slas["a"].ttft_plan(3.0, 2048) for rs in drv.replicas)
+
+
 def test_the_ablation_serves_as_slicesched_does_without_loans():
     from slicesched.replay.slo import isolated_slas
 
@@ -376,7 +393,7 @@ def test_the_ablation_serves_as_slicesched_does_without_loans():
     ab = ReplayDriver(sc, make_scheduler("dedicated-slo-aware", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
     ss = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
     assert ab.replicas[0].engine.decode_batch_tokens == ss.replicas[0].engine.decode_batch_tokens is not None
-    assert ab.scheduler.routing is ss.scheduler.routing
+    assert ab.scheduler.routing is ss.scheduler.routing and ab.scheduler.admission is ss.scheduler.admission
 
 
 def test_a_refused_kv_charge_is_one_oom_and_its_requests_retry_once_memory_can_change():

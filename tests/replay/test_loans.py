@@ -1,6 +1,8 @@
 """SliceScheduler's loans as the replay driver carries them out (`replay/loans.py`): memory
 borrowed from the owners of a guest's devices, arrivals routed to a guest once it is loaded."""
 
+import pytest
+
 from slicesched.cost import make_cost_model
 from slicesched.replay.driver import ReplayDriver
 from slicesched.sched import make_scheduler
@@ -52,3 +54,30 @@ def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_it
     assert drv._route(Request(200, "a", 0.0, 512, 8)) is home  # the guest's weights are still in flight
     drv.backend.run()  # the copies land (the default backend: the simulator)
     assert drv._route(Request(201, "a", 0.5, 512, 8)) is guest  # nothing queued there: the earlier first token
+
+
+def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv():
+    """No recompute: the KV cache is copied over the link to the home replica, and the requests
+    resume there with their progress once the copy has landed (the link time, paid)."""
+    from slicesched.decisions import GuestStart, GuestStop
+    from slicesched.serving import Request
+
+    sc = scenario(TP_PAIR)
+    cost = make_cost_model()
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]), cost=cost)
+    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
+    guest = drv._start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    reqs = [Request(100 + i, "a", 0.0, 1000, 50) for i in range(2)]
+    for r in reqs:
+        guest.engine.add_request(r, 0.0)
+    guest.engine.on_batch_done(guest.engine.next_batch(0.0), 0.1)  # prefilled, decoding
+    drv._stop_guest(GuestStop("a", b_devs, drain=False), 0.2)
+    assert guest not in drv.replicas and not home.engine.has_work()  # in flight over the link
+    (t, _, dst, moved), = drv._kv_moves
+    nbytes = 2 * 1000 * drv.models["a"].kv_bytes_per_token() / 2  # each of the 2 devices: its half
+    assert dst is home and t == pytest.approx(0.2 + cost.transfer_time(nbytes, drv.cluster.link(b_devs[0], home.replica.devices[0])))
+    assert drv.kv_bytes_moved == pytest.approx(2 * nbytes)
+    drv._land_kv_moves(t)
+    assert home.engine.num_running == 2 and [r.num_computed_tokens for r in reqs] == [1000, 1000]
+    assert all(r.num_preemptions == 0 for r in reqs)

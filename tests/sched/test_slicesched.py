@@ -311,16 +311,30 @@ def test_no_overflow_replica_on_a_busy_lender():
     assert s.schedule(g, sim.now).guest_starts == ()
 
 
-def test_the_overflow_replica_drains_when_its_lenders_load_comes_back():
+def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_again():
+    """Running requests of its own do not take the device back, a queued one does, at the next
+    check and without draining (a guest shares the device for as long as it runs), before the
+    lender's slow load forecast has moved."""
     g, sim = two_tenants(nodes=2, per_node=1)
     s = scheduler()
     guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
     few = ReplicaLoad("cold", (1,), 0, 2, False, 1, False, 0.01, 20e9)
     s.attach(View(sim, [HOT_BUSY, few, guest]))
     assert all(s.schedule(g, sim.now + i * 1e-3).guest_stops == () for i in range(40))
-    back = ReplicaLoad("cold", (1,), 10, 30, False, 1, False, 0.05, 20e9)
-    s.attach(View(sim, [HOT_BUSY, back, guest]))
-    stops = [d.guest_stops for i in range(60) if (d := s.schedule(g, sim.now + 0.1 + i * 1e-3)).guest_stops]
+    queued = ReplicaLoad("cold", (1,), 1, 2, False, 1, False, 0.01, 20e9)
+    s.attach(View(sim, [HOT_BUSY, queued, guest]))
+    assert s.schedule(g, sim.now + 0.1).guest_stops == (GuestStop("hot", (1,), drain=False),)
+
+
+def test_the_overflow_replica_drains_when_its_tenant_calms():
+    g, sim = two_tenants(nodes=2, per_node=1)
+    s = scheduler()
+    guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE, guest]))
+    assert all(s.schedule(g, sim.now + i * 1e-3).guest_stops == () for i in range(40))
+    calm = ReplicaLoad("hot", (0,), 0, 0, False, 0, False, 0.0, 20e9)
+    s.attach(View(sim, [calm, COLD_IDLE, guest]))
+    stops = [d.guest_stops for i in range(400) if (d := s.schedule(g, sim.now + 0.1 + i * 1e-3)).guest_stops]
     assert stops and stops[0] == (GuestStop("hot", (1,), drain=True),)
 
 

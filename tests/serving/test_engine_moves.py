@@ -1,4 +1,4 @@
-"""Moving requests between replicas (take_waiting, evict_all, adopt), KV lending, per-request SLOs."""
+"""Moving requests between replicas (take_waiting, evict_all, adopt, hand_over with KV), KV lending, per-request SLOs."""
 
 import pytest
 
@@ -93,3 +93,30 @@ def test_scaled_sla_judges_a_request_by_the_deadline_of_its_own_prompt():
     r = Request(0, "t", 0.0, 8192, 1)
     r.first_token_s = r.last_token_s = r.finish_s = 0.8  # slow for a 1024-token prompt, fine for its own
     assert 0.8 > sla.ttft_s and sla.judge(r, 1.0) is False
+
+
+def test_hand_over_keeps_progress_and_the_new_engine_resumes_it_with_blocks_of_its_own():
+    src, dst = engine(), engine()
+    rs = reqs(3, prompt=32, out=4)
+    for r in rs[:2]:
+        src.add_request(r, 0.0)
+    src.on_batch_done(src.next_batch(0.0), 0.1)  # both prefilled: first tokens out, decoding
+    src.add_request(rs[2], 0.1)
+    src.next_batch(0.1)  # an in-flight batch, dropped by the hand-over: its step is lost
+    moved = src.hand_over()
+    assert [r.id for r in moved] == [0, 1, 2] and src.kv.num_free == 64 and not src.has_work()
+    assert [r.num_computed_tokens for r in moved[:2]] == [32, 32]
+    assert all(dst.adopt_running(r, 0.2) for r in moved[:2])
+    assert dst.kv.num_free == 64 - 2 * 2  # 32 tokens each in 16-token blocks
+    b = dst.next_batch(0.2)
+    assert b.req_ids == (0, 1) and b.num_new_tokens == (1, 1) and b.context_lens_before == (32, 32)
+
+
+def test_adopt_running_refuses_without_free_blocks_and_changes_nothing():
+    src, dst = engine(), engine(blocks=1)
+    r = reqs(1, prompt=32)[0]
+    src.add_request(r, 0.0)
+    src.on_batch_done(src.next_batch(0.0), 0.1)
+    (moved,) = src.hand_over()
+    assert not dst.adopt_running(moved, 0.2)
+    assert dst.kv.num_free == 1 and not dst.has_work()

@@ -192,3 +192,76 @@ def test_decode_batch_budget_caps_prefill_riding_with_decodes_only() -> None:
     engine.decode_batch_tokens = None
     b, _ = step(engine, 0.2, 0.1)
     assert b.num_tokens == 1 + (3000 - 511)  # unbounded: the rest of the prompt at once
+
+
+# ---- deadline-aware admission (ttft_plan) --------------------------------------------------------
+
+def _planned_engine(plans: dict[int, tuple[float, float]], **kw) -> TenantEngine:
+    """An engine admitting by `ttft_plan` from `plans` (request id -> (deadline, prefill alone)),
+    each 100-token prompt alone in a 100-token batch."""
+    engine = make_engine(max_batch_tokens=100, **kw)
+    engine.ttft_plan = lambda r: plans[r.id]
+    return engine
+
+
+def _admission_order(engine: TenantEngine, n: int, plans: dict[int, tuple[float, float]] | None = None) -> list[int]:
+    """Prefilled request ids in order; each batch takes its requests' planned prefill time (0.1 s without)."""
+    order, now = [], 0.0
+    while len(order) < n:
+        batch = engine.next_batch(now)
+        assert batch is not None
+        ids = [rid for rid, pre in zip(batch.req_ids, batch.is_prefill) if pre]
+        now += sum(plans[i][1] for i in ids) if plans else 0.1
+        engine.on_batch_done(batch, now)
+        order += ids
+    return order
+
+
+def test_without_a_plan_admission_is_first_come_first_served() -> None:
+    engine = make_engine(max_batch_tokens=100)
+    for i, arrival in enumerate([0.0, 0.01, 0.02]):
+        engine.add_request(req(i, 100, 1, arrival), arrival)
+    assert _admission_order(engine, 3) == [0, 1, 2]
+
+
+def test_deadline_admission_serves_the_earliest_deadline_first() -> None:
+    engine = _planned_engine({0: (9.0, 0.1), 1: (1.0, 0.1), 2: (5.0, 0.1)})
+    for i, arrival in enumerate([0.0, 0.01, 0.02]):
+        engine.add_request(req(i, 100, 1, arrival), arrival)
+    assert _admission_order(engine, 3) == [1, 2, 0]
+
+
+def test_deadline_admission_serves_a_request_that_would_miss_anyway_last() -> None:
+    """Moore-Hodgson: earliest deadline first, A (d 1.0, 0.6 s), B (d 1.2, 0.5 s), C (d 1.3,
+    0.3 s) would end at 0.6, 1.1, 1.4 and C would miss; moving the longest (A) to the end lets
+    B and C both make it (0.5, 0.8)."""
+    plans = {0: (1.0, 0.6), 1: (1.2, 0.5), 2: (1.3, 0.3)}
+    engine = _planned_engine(plans)
+    for i in range(3):
+        engine.add_request(req(i, 100, 1), 0.0)
+    assert _admission_order(engine, 3, plans) == [1, 2, 0]
+
+
+def test_deadline_admission_counts_running_prefills_ahead() -> None:
+    """A prefill already running (1.0 s of work left) comes first, so a queued request with a
+    0.9 s deadline cannot make it and yields to one with a later deadline that can."""
+    plans = {0: (10.0, 2.0), 1: (0.9, 0.1), 2: (1.5, 0.1)}
+    engine = _planned_engine(plans)
+    engine.add_request(req(0, 200, 1), 0.0)
+    b, _ = step(engine, 0.0, 0.0)  # half the 200-token prompt: 1.0 s of its prefill left
+    assert b.req_ids == (0,)
+    engine.max_batch_tokens = 200
+    for i in (1, 2):
+        engine.add_request(req(i, 100, 1), 0.0)
+    b, _ = step(engine, 0.0, 0.1)
+    assert b.req_ids == (0, 2)  # the running chunk, then the request that can still make it
+
+
+def test_deadline_admission_keeps_preempted_requests_first() -> None:
+    engine = _planned_engine({0: (9.0, 0.1), 1: (0.5, 0.1), 2: (0.6, 0.1)})
+    engine.add_request(req(0, 100, 1), 0.0)
+    b = engine.next_batch(0.0)
+    engine.preempt_all(0.05)  # request 0 back in the queue, as preempted
+    for i in (1, 2):
+        engine.add_request(req(i, 100, 1, 0.05), 0.05)
+    assert _admission_order(engine, 3) == [0, 1, 2]

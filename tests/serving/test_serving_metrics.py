@@ -180,3 +180,10 @@ def test_harvest_share_counts_all_work_on_a_device_without_home() -> None:
 def test_harvest_share_is_nan_on_a_device_its_home_kept_busy() -> None:
     h = harvest_share({0: [(0.0, 2.0)]}, {0: {"a": 2.0}}, {0: "a"}, makespan_s=2.0)
     assert math.isnan(h.devices[0].share) and math.isnan(h.share)
+
+
+def test_ttft_plan_is_the_deadline_of_the_own_prompt_and_its_prefill_alone() -> None:
+    sla = SLA.scaled(LinearLatency(), 5.0)
+    assert sla.ttft_plan(2.0, 100) == pytest.approx((2.5, 0.1))
+    absolute = SLA(ttft_s=0.3, tpot_s=0.1)  # without an isolated latency the prefill counts 0
+    assert absolute.ttft_plan(2.0, 100) == pytest.approx((2.3, 0.0))

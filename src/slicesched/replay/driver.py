@@ -17,6 +17,7 @@ schedulers that look ahead use the cost model alone.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
 from slicesched.decisions import OOMEvent, ReplicaLoad, ShardLease, StepInputs
-from slicesched.sched.interface import Backend, Batching, Routing, Scheduler, WhatIf
+from slicesched.sched.interface import Admission, Backend, Batching, Routing, Scheduler, WhatIf
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
                                 TenantEngine, blocks_for, count_violations)
 from slicesched.sim import Perturbation, Simulator
@@ -140,6 +141,8 @@ class ReplayDriver(LoansMixin, MovesMixin):
         self.guests_started = 0
         self._leases: dict[tuple[str, tuple[int, ...]], StagedLease] = {}  # staged shards
         self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
+        self._kv_moves: list[tuple] = []  # (landing time, seq, replica, requests): KV caches in flight
+        self._move_seq = itertools.count()
         # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
         self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
@@ -165,14 +168,21 @@ class ReplayDriver(LoansMixin, MovesMixin):
         kv = pool(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=r.pp)
-        if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
-            engine.decode_batch_tokens = self._decode_budget(r)
+        self._apply_serving_rules(engine, r)
         groups = tuple(self.cluster.group_id(devs) for devs in r.stages)
         if r.pp == 1:
             return ReplicaState(r, groups[0], engine, per_tok)
         links = tuple(self.cluster.group_link(a, b) for a, b in zip(groups, groups[1:]))
         return ReplicaState(r, groups[0], engine, per_tok, pipe=Pipeline(groups, links), stage_kv=stage_kv,
                             stage_charged=[0.0] * r.pp)
+
+    def _apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
+        """The batching and admission rules the scheduler declares, on a new engine of replica `r`."""
+        if self.scheduler.batching is Batching.TPOT_BUDGET and self.cfg[r.tenant].chunked_prefill:
+            engine.decode_batch_tokens = self._decode_budget(r)
+        sla = self.slas.get(r.tenant)
+        if self.scheduler.admission is Admission.DEADLINE and sla is not None:
+            engine.ttft_plan = lambda req: sla.ttft_plan(req.arrival_s, req.prompt_tokens)
 
     def _decode_budget(self, r: Replica) -> int | None:
         """`serving_rules.decode_budget` of the replica's tenant (None without an SLA), once per (tenant, tp)."""
@@ -231,6 +241,8 @@ class ReplayDriver(LoansMixin, MovesMixin):
                 i += 1
             for rs in self._activate_loaded(now):
                 dirty[rs] = None
+            for rs in self._land_kv_moves(now):
+                dirty[rs] = None
             while self._syncs and self._syncs[0][0] <= now:  # wide iterations whose KV sync is done
                 dirty[self._complete(heapq.heappop(self._syncs)[1], now, synced=True)] = None
             while self._sends and self._sends[0][0] <= now:  # activations landed on the next stage
@@ -253,8 +265,10 @@ class ReplayDriver(LoansMixin, MovesMixin):
             for st in decision.shard_stages:
                 self._stage_shards(st, now)
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon,
-                       self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf)
-            if (not self.inflight and not self._sends and i >= n and not self._activations) or now >= horizon:
+                       self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
+                       self._kv_moves[0][0] if self._kv_moves else math.inf)
+            if (not self.inflight and not self._sends and not self._kv_moves and i >= n
+                    and not self._activations) or now >= horizon:
                 break
             outcome = self.backend.execute(decision, until=wake, wake=self.scheduler.wake_on())
             self.scheduler.update(outcome)

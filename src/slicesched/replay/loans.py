@@ -2,7 +2,8 @@
 
 A *guest* (`GuestStart`) is a whole replica of a hot tenant on other tenants' devices: KV memory
 borrowed from the owners' free pools, weights copied through the simulator (link time and memory
-paid), stopped by draining or by sending its requests home (`GuestStop`). A *lease*
+paid), stopped by draining or by sending its requests home at once (`GuestStop`), running
+ones with their KV cache copied over the link (`_move_home`). A *lease*
 (`ShardStage`) stages a tenant's weight shards on lenders' devices so its iterations may run
 tensor-parallel over home plus those devices; its KV mirror is charged like any KV, and an
 iteration run whole over the union completes only once its borrowed heads' KV is copied home
@@ -14,6 +15,7 @@ iteration run whole over the union completes only once its borrowed heads' KV is
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +24,7 @@ from slicesched.decisions import GuestStart, GuestStop, SchedulerDecision, Shard
 from slicesched.gmg import block_weight_bytes
 from slicesched.replay.deployment import Replica
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
-from slicesched.sched.interface import Batching
-from slicesched.serving import KVBlockManager, TenantEngine, blocks_for
+from slicesched.serving import KVBlockManager, Request, RequestState, TenantEngine, blocks_for
 
 
 @dataclass(slots=True, eq=False)
@@ -34,6 +35,13 @@ class StagedLease:
     lent: list[tuple[ReplicaState, int]]
     mirror_charged: float = 0.0  # KV mirror bytes per device in the ledger
     unsynced: int = 0  # tokens whose KV the mirror lacks (computed at home since the last sync)
+
+
+def _recompute(req: Request) -> None:
+    """Drop a request's progress (its KV cache is lost): it is preempted by recomputation."""
+    req.num_computed_tokens = 0
+    req.state = RequestState.PREEMPTED
+    req.num_preemptions += 1
 
 
 class LoansMixin:
@@ -61,8 +69,7 @@ class LoansMixin:
         engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
                                                                         home.engine.max_model_len))
-        if self.scheduler.batching is Batching.TPOT_BUDGET and cfg.chunked_prefill:
-            engine.decode_batch_tokens = self._decode_budget(Replica(g.tenant, devs))
+        self._apply_serving_rules(engine, Replica(g.tenant, devs))
         rs = ReplicaState(Replica(g.tenant, devs), self.cluster.group_id(devs), engine, per_tok, guest=True,
                           lent=lent)
         self.replicas.append(rs)
@@ -95,8 +102,9 @@ class LoansMixin:
         return plan
 
     def _stop_guest(self: Any, g: GuestStop, now: float) -> list[ReplicaState]:
-        """Send the guest's requests back to the tenant's replicas (recomputed), free its KV and
-        weights, and give the borrowed memory back to the owners."""
+        """Send the guest's requests back to the tenant's own replicas, free its KV and weights,
+        and give the borrowed memory back to the owners. With `drain` it first finishes its
+        running requests; without, they leave at once (`_move_home`)."""
         rs = next((r for r in self.replicas if r.guest and r.replica.tenant == g.tenant
                    and r.replica.devices == tuple(g.devices)), None)
         if rs is None:
@@ -109,10 +117,52 @@ class LoansMixin:
             if rs.engine.has_work() or rs.engine.num_inflight:
                 return homes
         self._drop_inflight(rs)
-        for req in rs.engine.evict_all(now):
-            min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+        self._move_home(rs, homes, now)
         self._release_guest(rs, now)
         return homes + [owner for owner, _ in rs.lent]
+
+    def _move_home(self: Any, rs: ReplicaState, homes: list[ReplicaState], now: float) -> None:
+        """A stopped guest's requests go home: a running one with its KV cache, copied over the
+        link to a home replica with room (it resumes there once the copy lands, see
+        `_land_kv_moves`); the others, and those no home has room for, are recomputed there."""
+        m = self.models[rs.replica.tenant]
+        moving: dict[int, list] = {}
+        for req in rs.engine.hand_over():
+            if req.num_computed_tokens == 0:  # nothing computed: queue it again
+                req.state = RequestState.WAITING if not req.num_preemptions else RequestState.PREEMPTED
+                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+                continue
+            room = [h for h in homes if h.engine.kv.num_free * BLOCK_TOKENS
+                    - sum(r.num_computed_tokens for r in moving.get(id(h), ())) >= req.num_computed_tokens]
+            if room:
+                moving.setdefault(id(min(room, key=lambda h: h.relative_load)), []).append(req)
+            else:
+                _recompute(req)
+                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+        for h in homes:
+            reqs = moving.get(id(h))
+            if not reqs:
+                continue
+            tokens = sum(r.num_computed_tokens for r in reqs)
+            # each device holds 1/tp of the KV: the devices copy their shares side by side
+            nbytes = tokens * m.kv_bytes_per_token() / len(rs.replica.devices)
+            self.kv_bytes_moved += nbytes * len(rs.replica.devices)
+            t = now + self.cost.transfer_time(nbytes, self.cluster.link(rs.replica.devices[0], h.replica.devices[0]))
+            heapq.heappush(self._kv_moves, (t, next(self._move_seq), h, reqs))
+
+    def _land_kv_moves(self: Any, now: float) -> list[ReplicaState]:
+        """Moved KV caches that have landed: their requests resume at their new replicas
+        (recomputed there if the room went meanwhile)."""
+        out = []
+        while self._kv_moves and self._kv_moves[0][0] <= now:
+            _, _, h, reqs = heapq.heappop(self._kv_moves)
+            for req in reqs:
+                if not h.engine.adopt_running(req, now):
+                    _recompute(req)
+                    h.engine.adopt(req, now)
+            self._charge_kv(h, now)
+            out.append(h)
+        return out
 
     def _release_guest(self: Any, rs: ReplicaState, now: float) -> None:
         """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""

@@ -2,8 +2,8 @@
 
 from slicesched.sched import baselines as _baselines  # noqa: F401  (registers the baselines)
 from slicesched.sched import slicesched as _slicesched  # noqa: F401  (registers SliceScheduler)
-from slicesched.sched.interface import (SCHEDULERS, Backend, ContainerMove, GuestStart, GuestStop, OOMEvent, ReplicaLoad,
-                                        Batching, Routing, Scheduler, SchedulerDecision, ServingView, SliceCompletion, SlicePlacement, StepOutcome,
+from slicesched.sched.interface import (SCHEDULERS, Admission, Backend, ContainerMove, GuestStart, GuestStop, OOMEvent,
+                                        ReplicaLoad, Batching, Routing, Scheduler, SchedulerDecision, ServingView, SliceCompletion, SlicePlacement, StepOutcome,
                                         TenantDemand, WeightCopy, WeightEviction)
 
 
@@ -12,6 +12,6 @@ def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
     return cls.from_scenario(scenario) if scenario is not None else cls()
 
 
-__all__ = ["SCHEDULERS", "Backend", "Batching", "ContainerMove", "GuestStart", "GuestStop", "OOMEvent", "ReplicaLoad", "Routing", "Scheduler", "SchedulerDecision",
+__all__ = ["SCHEDULERS", "Admission", "Backend", "Batching", "ContainerMove", "GuestStart", "GuestStop", "OOMEvent", "ReplicaLoad", "Routing", "Scheduler", "SchedulerDecision",
            "ServingView", "SliceCompletion", "SlicePlacement", "StepOutcome", "TenantDemand", "WeightCopy",
            "WeightEviction", "make_scheduler"]

@@ -27,7 +27,7 @@ from slicesched.gmg.graph import GlobalMappingGraph
 from slicesched.gmg.ops import BatchShape
 from slicesched.hardware.specs import device_spec, link_spec
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, Batching, ContainerMove, ReplicaLoad, Routing, Scheduler,
+from slicesched.sched.interface import (SCHEDULERS, Admission, Batching, ContainerMove, ReplicaLoad, Routing, Scheduler,
                                         SchedulerDecision, ServingView, SlicePlacement, TenantDemand)
 
 
@@ -59,6 +59,7 @@ class DedicatedSLOAwareScheduler(DedicatedScheduler):
     name = "dedicated-slo-aware"
     routing = Routing.PREDICTED_TTFT
     batching = Batching.TPOT_BUDGET
+    admission = Admission.DEADLINE  # the most requests within their TTFT SLO first
 
 
 ABLATIONS = frozenset({"dedicated-slo-aware"})

@@ -87,12 +87,20 @@ class Batching(str, Enum):
     TPOT_BUDGET = "tpot-budget"  # at most the prefill work whose step fits within its TPOT SLO (Sarathi-Serve)
 
 
+class Admission(str, Enum):
+    """In what order a replica's engine admits waiting requests (declared by a scheduler)."""
+
+    FCFS = "fcfs"  # arrival order (vLLM)
+    DEADLINE = "deadline"  # the most requests within their TTFT SLO first (earliest deadline; hopeless ones last)
+
+
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
     name: ClassVar[str] = ""
     routing: ClassVar[Routing] = Routing.LEAST_LOADED
     batching: ClassVar[Batching] = Batching.FIXED
+    admission: ClassVar[Admission] = Admission.FCFS
     #: Serves pipeline-parallel replicas (pp > 1: one GMG iteration per stage and micro-batch,
     #: each placed on its home stage group). Those that do not are refused such scenarios.
     supports_pp: ClassVar[bool] = False

@@ -219,15 +219,21 @@ class LendingMixin:
 
     # ---- overflow replicas (every check_interval_s) --------------------------------------------
     def _guest_stops(self: Any, guests: list[ReplicaLoad], loads: list[ReplicaLoad], now: float) -> tuple[GuestStop, ...]:
-        """Drain a guest when its lenders' load comes back or its tenant is calm (the lease rules)."""
+        """Stop a guest when its lenders need their devices back (the lease rules, or requests of
+        their own queued): at once, its requests sent home (running ones with their KV); drain
+        it when its tenant is calm."""
         fc, top = self._forecast, max(self._forecast.values(), default=0.0)
         out = []
         for g in guests:
-            need = self._lenders_need_back(g.tenant, g.devices, loads)
+            # an owner with requests of its own queued wants its device now: a guest shares it
+            # for as long as it runs (azure x10.8: a guest on a code tenant's device through its burst;
+            # draining its long conversations took seconds)
+            need = self._lenders_need_back(g.tenant, g.devices, loads) or any(
+                o.waiting > self.cfg.lender_max_load for o in loads if not set(o.devices).isdisjoint(g.devices))
             # hysteresis under the start rule: a restart copies the whole replica again
             calm = fc.get(g.tenant, 0.0) < 0.5 * max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)
             if need or calm:
-                out.append(GuestStop(g.tenant, g.devices, drain=True))
+                out.append(GuestStop(g.tenant, g.devices, drain=not need))
                 self.report.guest_stops += 1
         return tuple(out)
 

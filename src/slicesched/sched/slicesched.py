@@ -48,7 +48,7 @@ from slicesched.config.scenario import SliceSchedConfig
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, Batching, GuestStart, GuestStop, PlacementView, Routing, Scheduler,
+from slicesched.sched.interface import (SCHEDULERS, Admission, Batching, GuestStart, GuestStop, PlacementView, Routing, Scheduler,
                                         SchedulerDecision, ShardRelease, ShardStage, SlicePlacement, StepOutcome)
 from slicesched.sched.lending import Lease, LendingMixin
 
@@ -124,6 +124,7 @@ class SliceScheduler(LendingMixin, Scheduler):
     name = "slicesched"
     routing = Routing.PREDICTED_TTFT  # arrivals go where the least prefill work is queued
     batching = Batching.TPOT_BUDGET  # prefill riding with decodes kept within their TPOT SLO
+    admission = Admission.DEADLINE  # the most requests within their TTFT SLO first
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
                  capacity_bytes: float = 80e9) -> None:

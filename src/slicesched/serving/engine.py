@@ -20,6 +20,11 @@ Scheduling in ``next_batch`` (vLLM v1 + Sarathi chunked prefill):
 3. waiting requests are admitted first-come first-served while ``max_num_seqs``, the token budget
    and the free blocks allow; admission never preempts, and stops at the first request that does
    not fit (no overtaking). Without chunked prefill a request needs its whole prefill in one batch.
+   With ``ttft_plan`` set (a request's TTFT deadline and its prefill time alone), the order
+   maximizes the requests that meet their deadline instead (Moore-Hodgson on one machine):
+   preempted requests, then earliest deadline first among those that can still make it given
+   the prefill work ahead of them, then the rest, which would miss anyway (serving them first
+   would only make others late too).
 
 Per-iteration work is O(running requests + batch), no pandas, no numpy in the loop.
 """
@@ -27,8 +32,10 @@ Per-iteration work is O(running requests + batch), no pandas, no numpy in the lo
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -86,7 +93,7 @@ class Batch:
 class _Draft:
     """The batch being assembled inside one ``next_batch`` call."""
 
-    __slots__ = ("ids", "new", "ctx", "pre", "budget")
+    __slots__ = ("ids", "new", "ctx", "pre", "budget", "taken")
 
     def __init__(self, budget: int) -> None:
         self.ids: list[int] = []
@@ -94,9 +101,11 @@ class _Draft:
         self.ctx: list[int] = []
         self.pre: list[bool] = []
         self.budget = budget
+        self.taken: set[int] = set()  # ids in the draft
 
     def add(self, req: Request, n: int, prefill: bool) -> None:
         self.ids.append(req.id)
+        self.taken.add(req.id)
         self.new.append(n)
         self.ctx.append(req.num_computed_tokens)
         self.pre.append(prefill)
@@ -134,6 +143,8 @@ class TenantEngine:
         self.max_inflight_batches = max_inflight_batches
         self.max_model_len = max_model_len
         self.decode_batch_tokens: int | None = None  # token budget of an iteration carrying decodes (None: max_batch_tokens)
+        self.ttft_plan: Callable[[Request], tuple[float, float]] | None = None  # set: deadline-aware order (step 3)
+        self._plan: dict[int, tuple[float, float]] = {}  # request id -> ttft_plan, for waiting requests
         self.num_preemptions = 0  # all preemptions, KV pressure and OOM
         self.num_oom_preemptions = 0  # those caused by preempt_all
         self._waiting: deque[Request] = deque()
@@ -246,6 +257,7 @@ class TenantEngine:
                 break
             self._waiting.pop()
             del self._live[req.id]
+            self._plan.pop(req.id, None)
             out.append(req)
         out.reverse()
         return out
@@ -258,7 +270,34 @@ class TenantEngine:
         out = sorted(self._waiting, key=_arrival_key)
         self._waiting.clear()
         self._live.clear()
+        self._plan.clear()
         return out
+
+    def hand_over(self) -> list[Request]:
+        """Give up every unfinished request with its progress (the replica is going away and its
+        KV cache moves to another replica, see `adopt_running`): in-flight batches are dropped
+        (their progress is lost), blocks freed here. Returns running requests, then waiting ones,
+        each in arrival order."""
+        self._inflight.clear()
+        self._busy.clear()
+        for r in self._running:
+            self.kv.free(r.id)
+        out = self._running + sorted(self._waiting, key=_arrival_key)
+        self._running, self._waiting = [], deque()
+        self._live.clear()
+        self._plan.clear()
+        return out
+
+    def adopt_running(self, req: Request, now: float) -> bool:
+        """Take over a running request whose KV cache was moved here from another replica: its
+        computed tokens need blocks here. False (nothing changed) when no seat or blocks are free."""
+        if req.tenant != self.tenant or req.id in self._live or req.state is not RequestState.RUNNING:
+            raise ValueError(f"request {req.id} cannot be adopted running by engine {self.tenant!r}")
+        if len(self._running) >= self.max_num_seqs or not self.kv.allocate(req.id, req.num_computed_tokens):
+            return False
+        self._live[req.id] = req
+        bisect.insort(self._running, req, key=_arrival_key)
+        return True
 
     def adopt(self, req: Request, now: float) -> None:
         """Take over a request another replica gave up (fresh or preempted: no KV held here).
@@ -354,19 +393,67 @@ class TenantEngine:
                 i += 1
 
     def _admit_waiting(self, draft: _Draft, now: float) -> None:
-        """Admit waiting requests FCFS while seats, token budget and free blocks allow."""
-        waiting, kv = self._waiting, self.kv
-        while waiting and draft.budget > 0 and len(self._running) < self.max_num_seqs:
-            req = waiting[0]
-            n = self._chunk(req.num_tokens, draft.budget)
-            if n == 0 or not kv.allocate(req.id, n):
-                return
-            waiting.popleft()
-            req.state = RequestState.RUNNING
-            if req.first_scheduled_s is None:
-                req.first_scheduled_s = now
-            bisect.insort(self._running, req, key=_arrival_key)
-            draft.add(req, n, prefill=True)
+        """Admit waiting requests in queue order (FCFS, or deadline-aware) while seats, token
+        budget and free blocks allow."""
+        waiting = self._waiting
+        if self.ttft_plan is None or len(waiting) < 2:
+            while waiting and self._admit(waiting[0], draft, now):
+                waiting.popleft()
+            return
+        admitted: set[int] = set()
+        for req in self._deadline_order(now):
+            if not self._admit(req, draft, now):
+                break
+            admitted.add(req.id)
+        if admitted:
+            self._waiting = deque(r for r in waiting if r.id not in admitted)
+
+    def _deadline_order(self, now: float) -> list[Request]:
+        """Waiting requests in the order that lets the most meet their TTFT deadline: preempted
+        ones first (they started once), then Moore-Hodgson over the fresh ones (earliest deadline
+        first; whenever the running total of prefill time from `now`, after the prefills already
+        running, passes a deadline, the longest prefill taken so far is moved to the late tail),
+        then the late tail by deadline."""
+        plan = {r.id: self._plan_of(r) for r in self._waiting}
+        first = [r for r in self._waiting if r.state is RequestState.PREEMPTED]
+        fresh = sorted((r for r in self._waiting if r.state is not RequestState.PREEMPTED),
+                       key=lambda r: (plan[r.id][0], r.id))
+        t = now + sum(plan[r.id][1] for r in first)
+        for r in self._running:  # the prefills already running go first
+            if r.in_prefill:
+                t += self._plan_of(r)[1] * (r.prompt_tokens - r.num_computed_tokens) / max(r.prompt_tokens, 1)
+        taken: list[tuple[float, int]] = []  # max-heap of (-alone, id) among the on-time set
+        late: set[int] = set()
+        for r in fresh:
+            deadline, alone = plan[r.id]
+            heapq.heappush(taken, (-alone, r.id))
+            t += alone
+            if t > deadline:
+                neg, rid = heapq.heappop(taken)
+                t += neg
+                late.add(rid)
+        return first + [r for r in fresh if r.id not in late] + [r for r in fresh if r.id in late]
+
+    def _plan_of(self, req: Request) -> tuple[float, float]:
+        """`ttft_plan` of a live request, computed once."""
+        got = self._plan.get(req.id)
+        if got is None:
+            got = self._plan[req.id] = self.ttft_plan(req)
+        return got
+
+    def _admit(self, req: Request, draft: _Draft, now: float) -> bool:
+        """Admit one request into the draft if a seat, the budget and free blocks allow."""
+        if draft.budget <= 0 or len(self._running) >= self.max_num_seqs:
+            return False
+        n = self._chunk(req.num_tokens, draft.budget)
+        if n == 0 or not self.kv.allocate(req.id, n):
+            return False
+        req.state = RequestState.RUNNING
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = now
+        bisect.insort(self._running, req, key=_arrival_key)
+        draft.add(req, n, prefill=True)
+        return True
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Prefill tokens to schedule now: a chunk, or all-or-nothing without chunked prefill."""
@@ -387,7 +474,7 @@ class TenantEngine:
     def _pick_victim(self, i: int, draft: _Draft) -> int:
         """Index of the most recently arrived running request that is neither in flight nor in
         this draft; ``running[i]`` itself qualifies, so the search always succeeds."""
-        running, busy, taken = self._running, self._busy, set(draft.ids)  # preemption is rare
+        running, busy, taken = self._running, self._busy, draft.taken
         for j in range(len(running) - 1, i, -1):
             rid = running[j].id
             if rid not in busy and rid not in taken:
@@ -410,3 +497,4 @@ class TenantEngine:
         req.truncated = req.num_generated < req.output_tokens
         self.kv.free(req.id)
         del self._live[req.id]
+        self._plan.pop(req.id, None)

@@ -90,6 +90,13 @@ class SLA:
             return np.full(len(prompt_tokens), self.tpot_s)
         return self.scale * self.isolated.tpot(np.asarray(prompt_tokens, dtype=np.int64))
 
+    def ttft_plan(self, arrival_s: float, prompt_tokens: int) -> tuple[float, float]:
+        """(TTFT deadline, seconds of its prefill alone) of a request: what a deadline-aware
+        admission order plans with (without an isolated latency the prefill counts 0)."""
+        p = np.array([prompt_tokens])
+        alone = float(self.isolated.ttft(p)[0]) if self.isolated is not None else 0.0
+        return arrival_s + float(self.ttft_for(p)[0]), alone
+
     @classmethod
     def scaled(cls, isolated: IsolatedLatency, scale: float = DEFAULT_SLA_SCALE, *,
                ttft_s: float | None = None, tpot_s: float | None = None) -> SLA:
