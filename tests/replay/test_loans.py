@@ -81,3 +81,51 @@ def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv()
     drv._land_kv_moves(t)
     assert home.engine.num_running == 2 and [r.num_computed_tokens for r in reqs] == [1000, 1000]
     assert all(r.num_preemptions == 0 for r in reqs)
+
+
+def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the_devices():
+    """A guest sharing its devices with their busy owner runs at half speed: a short queue at
+    home beats its empty one; once the owner is idle, the guest wins."""
+    from slicesched.decisions import GuestStart
+    from slicesched.replay.slo import isolated_slas
+    from slicesched.serving import Request
+
+    sc = scenario(TP_PAIR)
+    cost = make_cost_model()
+    slas = isolated_slas(sc, cost)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
+                       cost=cost, slas=slas)
+    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    owner = next(rs for rs in drv.replicas if rs.replica.tenant == "b")
+    guest = drv._start_guest(GuestStart("a", owner.replica.devices, home.replica.devices, 10e9), 0.0)
+    drv.backend.run()  # the guest's weights land
+    home.engine.add_request(Request(100, "a", 0.0, 256, 8), 0.0)  # a short queue at home
+    owner.engine.add_request(Request(200, "b", 0.0, 64, 8), 0.0)  # the owner has work
+    arrival = Request(300, "a", 0.5, 1024, 8)
+    assert drv._predicted_ttft_s(guest, arrival) == pytest.approx(2 * slas["a"].ttft_plan(0.5, 1024)[1])
+    assert drv._route(arrival) is home
+    owner.engine.take_waiting(1)  # the owner idle again
+    assert drv._route(Request(301, "a", 0.6, 1024, 8)) is guest
+
+
+def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():
+    """The scheduler places a guest's iteration, then stops the guest at once in the same
+    decision: the driver carries out the rest without that placement (the slices are gone)."""
+    from slicesched.decisions import GuestStart, SchedulerDecision, SlicePlacement
+    from slicesched.serving import Request
+
+    sc = scenario(TP_PAIR)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]))
+    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
+    guest = drv._start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    drv.backend.run()
+    guest.engine.add_request(Request(100, "a", 0.0, 512, 8), 0.0)
+    home.engine.add_request(Request(101, "a", 0.0, 512, 8), 0.0)
+    drv._launch_batches(guest, drv.backend.now)
+    drv._launch_batches(home, drv.backend.now)
+    keys = {rs: k for k, (rs, _) in drv.inflight.items()}
+    place = [SlicePlacement(drv.gmg.iterations[keys[rs]].base, rs.group, 1) for rs in (guest, home)]
+    decision = SchedulerDecision(drv.backend.now, tuple(place))
+    drv._drop_inflight(guest)
+    assert drv._live_placements(decision).placements == (place[1],)

@@ -265,3 +265,16 @@ def test_deadline_admission_keeps_preempted_requests_first() -> None:
     for i in (1, 2):
         engine.add_request(req(i, 100, 1, 0.05), 0.05)
     assert _admission_order(engine, 3) == [0, 1, 2]
+
+
+def test_deadline_admission_keeps_an_iteration_short_enough_for_the_first_tokens_it_carries() -> None:
+    """Request 0 (due at 0.15 s, 0.1 s of prefill alone) fits one 200-token iteration with
+    request 1, but the pair would end at 0.2 s: it runs alone, request 1 next."""
+    engine = _planned_engine({0: (0.15, 0.1), 1: (10.0, 0.1)})
+    engine.max_batch_tokens = 200
+    for i in range(2):
+        engine.add_request(req(i, 100, 1), 0.0)
+    b, _ = step(engine, 0.0, 0.1)
+    assert b.req_ids == (0,)
+    b, _ = step(engine, 0.1, 0.1)
+    assert b.req_ids == (1,)

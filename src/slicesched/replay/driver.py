@@ -20,6 +20,7 @@ import heapq
 import itertools
 import math
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,7 +38,7 @@ from slicesched.replay.moves import MovesMixin
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
-from slicesched.decisions import OOMEvent, ReplicaLoad, ShardLease, StepInputs
+from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs
 from slicesched.sched.interface import Admission, Backend, Batching, Routing, Scheduler, WhatIf
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
                                 TenantEngine, blocks_for, count_violations)
@@ -143,6 +144,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
         self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
         self._kv_moves: list[tuple] = []  # (landing time, seq, replica, requests): KV caches in flight
         self._move_seq = itertools.count()
+        self._dropped = False  # an iteration was dropped while a decision was being carried out
         # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
         self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
@@ -264,6 +266,8 @@ class ReplayDriver(LoansMixin, MovesMixin):
                 dirty.update(dict.fromkeys(self._release_shards(rel, now)))
             for st in decision.shard_stages:
                 self._stage_shards(st, now)
+            if self._dropped:  # a guest stopped at once: its iterations are gone, so are their placements
+                decision = self._live_placements(decision)
             wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon,
                        self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
                        self._kv_moves[0][0] if self._kv_moves else math.inf)
@@ -318,9 +322,19 @@ class ReplayDriver(LoansMixin, MovesMixin):
             self._parked.setdefault(req.tenant, []).append(req)
             return None
         if self.scheduler.routing is Routing.PREDICTED_TTFT:
-            sla = self.slas.get(req.tenant)
-            return self._admit(min(reps, key=lambda rs: (queued_prefill_s(rs.engine, sla), rs.relative_load)), req)
+            return self._admit(min(reps, key=lambda rs: (self._predicted_ttft_s(rs, req), rs.relative_load)), req)
         return self._admit(min(reps, key=lambda rs: rs.relative_load), req)
+
+    def _predicted_ttft_s(self, rs: ReplicaState, req: Request) -> float:
+        """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
+        and its own, stretched by the replicas of other tenants with work on the same devices
+        (one stream each: they take turns slice by slice)."""
+        sla = self.slas.get(req.tenant)
+        own = float(sla.ttft_plan(req.arrival_s, req.prompt_tokens)[1]) if sla is not None else req.prompt_tokens
+        devs = set(rs.replica.devices)
+        sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
+                      and o.engine.has_work() and not devs.isdisjoint(o.replica.devices))
+        return (queued_prefill_s(rs.engine, sla) + own) * (1 + sharing)
 
     def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
         if req.prompt_tokens >= target.engine.max_model_len:
@@ -506,8 +520,20 @@ class ReplayDriver(LoansMixin, MovesMixin):
             self._charge_kv(rs, oom.time)
         return hit
 
+    def _live_placements(self, decision: SchedulerDecision) -> SchedulerDecision:
+        """The decision without placements of iterations dropped since it was made."""
+        self._dropped = False
+        gmg = self.gmg
+        keep = []
+        for p in decision.placements:
+            it = gmg.iterations.get(int(gmg.raw("iteration")[p.first_slice & gmg.mask]))
+            if it is not None and it.base <= p.first_slice < it.base + it.graph.num_slices:
+                keep.append(p)
+        return decision if len(keep) == len(decision.placements) else dataclasses.replace(decision, placements=tuple(keep))
+
     def _drop_inflight(self, rs: ReplicaState) -> None:
         for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
+            self._dropped = True
             del self.inflight[key]
             it = self.gmg.iterations[key]
             self.backend.abort_iteration(key)

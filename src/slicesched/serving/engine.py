@@ -24,7 +24,8 @@ Scheduling in ``next_batch`` (vLLM v1 + Sarathi chunked prefill):
    maximizes the requests that meet their deadline instead (Moore-Hodgson on one machine):
    preempted requests, then earliest deadline first among those that can still make it given
    the prefill work ahead of them, then the rest, which would miss anyway (serving them first
-   would only make others late too).
+   would only make others late too); and a request joins an iteration only if the iteration,
+   longer by its chunk, still ends before the deadline of every first token it carries.
 
 Per-iteration work is O(running requests + batch), no pandas, no numpy in the loop.
 """
@@ -93,7 +94,7 @@ class Batch:
 class _Draft:
     """The batch being assembled inside one ``next_batch`` call."""
 
-    __slots__ = ("ids", "new", "ctx", "pre", "budget", "taken")
+    __slots__ = ("ids", "new", "ctx", "pre", "budget")
 
     def __init__(self, budget: int) -> None:
         self.ids: list[int] = []
@@ -101,11 +102,9 @@ class _Draft:
         self.ctx: list[int] = []
         self.pre: list[bool] = []
         self.budget = budget
-        self.taken: set[int] = set()  # ids in the draft
 
     def add(self, req: Request, n: int, prefill: bool) -> None:
         self.ids.append(req.id)
-        self.taken.add(req.id)
         self.new.append(n)
         self.ctx.append(req.num_computed_tokens)
         self.pre.append(prefill)
@@ -396,17 +395,44 @@ class TenantEngine:
         """Admit waiting requests in queue order (FCFS, or deadline-aware) while seats, token
         budget and free blocks allow."""
         waiting = self._waiting
-        if self.ttft_plan is None or len(waiting) < 2:
+        if self.ttft_plan is None or not waiting:
             while waiting and self._admit(waiting[0], draft, now):
                 waiting.popleft()
             return
+        end, due = self._draft_timing(draft, now)
         admitted: set[int] = set()
         for req in self._deadline_order(now):
+            deadline, alone = self._plan_of(req)
+            n = self._chunk(req.num_tokens, draft.budget)
+            # a longer iteration delays every first token in it: none may be pushed past its deadline
+            if draft.ids and end + alone * n / max(req.prompt_tokens, 1) > due:
+                break
             if not self._admit(req, draft, now):
                 break
             admitted.add(req.id)
+            end += alone * n / max(req.prompt_tokens, 1)
+            if n == req.num_tokens and deadline >= end:
+                due = min(due, deadline)
         if admitted:
             self._waiting = deque(r for r in waiting if r.id not in admitted)
+
+    def _draft_timing(self, draft: _Draft, now: float) -> tuple[float, float]:
+        """(predicted end, earliest deadline it must meet) of the draft's prefill work: its chunks
+        at their requests' isolated prefill rates from `now`; the deadline of those whose first
+        token it emits and who can still make it."""
+        end, due, firsts = now, float("inf"), []
+        for rid, n, ctx, pre in zip(draft.ids, draft.new, draft.ctx, draft.pre):
+            req = self._live[rid]
+            if not pre or req.num_generated:
+                continue
+            deadline, alone = self._plan_of(req)
+            end += alone * n / max(req.prompt_tokens, 1)
+            if ctx + n >= req.prompt_tokens:
+                firsts.append(deadline)
+        for d in firsts:
+            if d >= end:
+                due = min(due, d)
+        return end, due
 
     def _deadline_order(self, now: float) -> list[Request]:
         """Waiting requests in the order that lets the most meet their TTFT deadline: preempted
@@ -474,7 +500,7 @@ class TenantEngine:
     def _pick_victim(self, i: int, draft: _Draft) -> int:
         """Index of the most recently arrived running request that is neither in flight nor in
         this draft; ``running[i]`` itself qualifies, so the search always succeeds."""
-        running, busy, taken = self._running, self._busy, draft.taken
+        running, busy, taken = self._running, self._busy, set(draft.ids)  # preemption is rare
         for j in range(len(running) - 1, i, -1):
             rid = running[j].id
             if rid not in busy and rid not in taken:
