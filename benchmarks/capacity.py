@@ -56,6 +56,7 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
         print(f"capacity_{name}_{s}: {r.scale:.3f} x{flag}")
         print(f"capacity_spread_{name}_{s}: {lo:.3f}-{hi:.3f} x")
         print(f"tok_per_s_at_capacity_{name}_{s}: {r.throughput:.0f} tok/s")
+        print(f"oom_events_{name}_{s}: {sum(p.ooms for p in r.points)} events")  # every probe, every seed
         if r.non_monotone:
             print(f"# {name} {s}: mean violation curve not monotone at {', '.join(f'{k:.3g}' for k in r.non_monotone)}")
     best = best_baseline(res, "slicesched")
