@@ -36,7 +36,7 @@ from slicesched.replay.deployment import Replica, build_cluster, default_replica
 from slicesched.replay.loans import LoansMixin, StagedLease
 from slicesched.replay.moves import MovesMixin
 from slicesched.replay.pipeline import MicroBatch, Pipeline
-from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
+from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState, least_loaded
 from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs
 from slicesched.sched.interface import Admission, Backend, Batching, Routing, Scheduler, WhatIf
@@ -323,7 +323,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
             return None
         if self.scheduler.routing is Routing.PREDICTED_TTFT:
             return self._admit(min(reps, key=lambda rs: (self._predicted_ttft_s(rs, req), rs.relative_load)), req)
-        return self._admit(min(reps, key=lambda rs: rs.relative_load), req)
+        return self._admit(least_loaded(reps), req)
 
     def _predicted_ttft_s(self, rs: ReplicaState, req: Request) -> float:
         """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there

@@ -23,7 +23,7 @@ from typing import Any
 from slicesched.decisions import GuestStart, GuestStop, SchedulerDecision, ShardRelease, ShardStage, WeightEviction
 from slicesched.gmg import block_weight_bytes
 from slicesched.replay.deployment import Replica
-from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
+from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState, least_loaded
 from slicesched.serving import KVBlockManager, Request, RequestState, TenantEngine, blocks_for
 
 
@@ -113,7 +113,7 @@ class LoansMixin:
         if g.drain:  # no new requests; released when its running ones are done
             rs.draining = True
             for req in rs.engine.take_waiting(rs.engine.num_waiting):
-                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+                least_loaded(homes).engine.adopt(req, now)
             if rs.engine.has_work() or rs.engine.num_inflight:
                 return homes
         self._drop_inflight(rs)
@@ -130,15 +130,15 @@ class LoansMixin:
         for req in rs.engine.hand_over():
             if req.num_computed_tokens == 0:  # nothing computed: queue it again
                 req.state = RequestState.WAITING if not req.num_preemptions else RequestState.PREEMPTED
-                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+                least_loaded(homes).engine.adopt(req, now)
                 continue
             room = [h for h in homes if h.engine.kv.num_free * BLOCK_TOKENS
                     - sum(r.num_computed_tokens for r in moving.get(id(h), ())) >= req.num_computed_tokens]
             if room:
-                moving.setdefault(id(min(room, key=lambda h: h.relative_load)), []).append(req)
+                moving.setdefault(id(least_loaded(room)), []).append(req)
             else:
                 _recompute(req)
-                min(homes, key=lambda h: h.relative_load).engine.adopt(req, now)
+                least_loaded(homes).engine.adopt(req, now)
         for h in homes:
             reqs = moving.get(id(h))
             if not reqs:

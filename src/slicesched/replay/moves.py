@@ -10,7 +10,7 @@ from typing import Any
 from slicesched.decisions import ContainerMove
 from slicesched.gmg import block_weight_bytes
 from slicesched.replay.deployment import Replica, kv_pool_bytes
-from slicesched.replay.replicas import ReplicaState
+from slicesched.replay.replicas import ReplicaState, least_loaded
 
 
 class MovesMixin:
@@ -31,7 +31,7 @@ class MovesMixin:
             rest = [r for r in self.replicas_of(mv.from_tenant) if not r.draining]
             if rest:
                 for req in rs.engine.take_waiting(rs.engine.num_waiting):
-                    min(rest, key=lambda r: r.relative_load).engine.adopt(req, now)
+                    least_loaded(rest).engine.adopt(req, now)
             if not rs.engine.has_work() and rs.engine.num_inflight == 0:
                 self._finish_drain(rs, now)
 

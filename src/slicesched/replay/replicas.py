@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from slicesched.replay.deployment import Replica
@@ -38,3 +39,8 @@ class ReplicaState:
     def relative_load(self) -> float:
         """Outstanding requests per KV token of capacity: balances replicas of unequal pools."""
         return (self.load + 1) / max(self.engine.kv.capacity_tokens, 1)
+
+
+def least_loaded(replicas: Iterable[ReplicaState]) -> ReplicaState:
+    """The replica with the fewest outstanding requests per KV token (`relative_load`)."""
+    return min(replicas, key=lambda r: r.relative_load)
