@@ -322,19 +322,31 @@ class ReplayDriver(LoansMixin, MovesMixin):
             self._parked.setdefault(req.tenant, []).append(req)
             return None
         if self.scheduler.routing is Routing.PREDICTED_TTFT:
-            return self._admit(min(reps, key=lambda rs: (self._predicted_ttft_s(rs, req), rs.relative_load)), req)
+            own = self._alone_prefill_s(req)
+            return self._admit(min(reps, key=lambda rs: (self._predicted_ttft_s(rs, req, own), rs.relative_load)), req)
         return self._admit(least_loaded(reps), req)
 
-    def _predicted_ttft_s(self, rs: ReplicaState, req: Request) -> float:
-        """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
-        and its own, stretched by the replicas of other tenants with work on the same devices
-        (one stream each: they take turns slice by slice)."""
+    def _alone_prefill_s(self, req: Request) -> float:
+        """The request's prefill alone on its tenant's container (without an SLA: its tokens)."""
         sla = self.slas.get(req.tenant)
-        own = float(sla.ttft_plan(req.arrival_s, req.prompt_tokens)[1]) if sla is not None else req.prompt_tokens
-        devs = set(rs.replica.devices)
-        sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
-                      and o.engine.has_work() and not devs.isdisjoint(o.replica.devices))
-        return (queued_prefill_s(rs.engine, sla) + own) * (1 + sharing)
+        return float(sla.ttft_plan(req.arrival_s, req.prompt_tokens)[1]) if sla is not None else req.prompt_tokens
+
+    def _predicted_ttft_s(self, rs: ReplicaState, req: Request, own: float | None = None) -> float:
+        """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
+        and its own (`own`, `_alone_prefill_s`), stretched by the replicas of other tenants with
+        work on the same devices (one stream each: they take turns slice by slice). Only guests
+        share devices with another tenant's replica."""
+        own = self._alone_prefill_s(req) if own is None else own
+        sharing = 0
+        if self.guests_live:
+            devs = set(rs.replica.devices)
+            sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
+                          and o.engine.has_work() and not devs.isdisjoint(o.replica.devices))
+        return (queued_prefill_s(rs.engine, self.slas.get(req.tenant)) + own) * (1 + sharing)
+
+    @property
+    def guests_live(self) -> bool:
+        return any(rs.guest for rs in self.replicas)
 
     def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
         if req.prompt_tokens >= target.engine.max_model_len:
