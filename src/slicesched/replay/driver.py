@@ -16,11 +16,11 @@ schedulers that look ahead use the cost model alone.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -144,7 +144,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
         self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
         self._kv_moves: list[tuple] = []  # (landing time, seq, replica, requests): KV caches in flight
         self._move_seq = itertools.count()
-        self._dropped = False  # an iteration was dropped while a decision was being carried out
+        self._dropped = False  # an iteration was dropped while the current decision was carried out
         # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
         self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
@@ -255,6 +255,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
                 self._launch_batches(rs, now)
             dirty.clear()
             decision = self.scheduler.schedule(self.gmg, now)
+            self._dropped = False  # set when carrying the decision out drops an iteration
             self._apply_moves(decision.container_moves)
             for stop in decision.guest_stops:
                 dirty.update(dict.fromkeys(self._stop_guest(stop, now)))
@@ -346,6 +347,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
 
     @property
     def guests_live(self) -> bool:
+        """Is any guest replica up (the only replicas that share devices with another tenant's)?"""
         return any(rs.guest for rs in self.replicas)
 
     def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
@@ -534,7 +536,6 @@ class ReplayDriver(LoansMixin, MovesMixin):
 
     def _live_placements(self, decision: SchedulerDecision) -> SchedulerDecision:
         """The decision without placements of iterations dropped since it was made."""
-        self._dropped = False
         gmg = self.gmg
         keep = []
         for p in decision.placements:

@@ -126,23 +126,22 @@ class LoansMixin:
         link to a home replica with room (it resumes there once the copy lands, see
         `_land_kv_moves`); the others, and those no home has room for, are recomputed there."""
         m = self.models[rs.replica.tenant]
-        moving: dict[int, list] = {}
+        moving: dict[ReplicaState, list[Request]] = {}
+        booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)  # tokens already on their way there
         for req in rs.engine.hand_over():
-            if req.num_computed_tokens == 0:  # nothing computed: queue it again
-                req.state = RequestState.WAITING if not req.num_preemptions else RequestState.PREEMPTED
-                least_loaded(homes).engine.adopt(req, now)
-                continue
-            room = [h for h in homes if h.engine.kv.num_free * BLOCK_TOKENS
-                    - sum(r.num_computed_tokens for r in moving.get(id(h), ())) >= req.num_computed_tokens]
+            need = req.num_computed_tokens
+            room = [h for h in homes if need and h.engine.kv.num_free * h.engine.kv.block_tokens - booked[h] >= need]
             if room:
-                moving.setdefault(id(least_loaded(room)), []).append(req)
-            else:
-                _recompute(req)
-                least_loaded(homes).engine.adopt(req, now)
-        for h in homes:
-            reqs = moving.get(id(h))
-            if not reqs:
+                h = least_loaded(room)
+                moving.setdefault(h, []).append(req)
+                booked[h] += need
                 continue
+            if need:  # no home has room for its KV: recomputed
+                _recompute(req)
+            elif req.state is RequestState.RUNNING:  # admitted, nothing computed yet: queued again
+                req.state = RequestState.PREEMPTED if req.num_preemptions else RequestState.WAITING
+            least_loaded(homes).engine.adopt(req, now)
+        for h, reqs in moving.items():
             tokens = sum(r.num_computed_tokens for r in reqs)
             # each device holds 1/tp of the KV: the devices copy their shares side by side
             nbytes = tokens * m.kv_bytes_per_token() / len(rs.replica.devices)

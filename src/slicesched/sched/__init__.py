@@ -2,9 +2,10 @@
 
 from slicesched.sched import baselines as _baselines  # noqa: F401  (registers the baselines)
 from slicesched.sched import slicesched as _slicesched  # noqa: F401  (registers SliceScheduler)
-from slicesched.sched.interface import (SCHEDULERS, Admission, Backend, ContainerMove, GuestStart, GuestStop, OOMEvent,
-                                        ReplicaLoad, Batching, Routing, Scheduler, SchedulerDecision, ServingView, SliceCompletion, SlicePlacement, StepOutcome,
-                                        TenantDemand, WeightCopy, WeightEviction)
+from slicesched.sched.interface import (SCHEDULERS, Admission, Backend, Batching, ContainerMove, GuestStart, GuestStop,
+                                        OOMEvent, ReplicaLoad, Routing, Scheduler, SchedulerDecision, ServingView,
+                                        SliceCompletion, SlicePlacement, StepOutcome, TenantDemand, WeightCopy,
+                                        WeightEviction)
 
 
 def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:

@@ -143,7 +143,7 @@ class TenantEngine:
         self.max_model_len = max_model_len
         self.decode_batch_tokens: int | None = None  # token budget of an iteration carrying decodes (None: max_batch_tokens)
         self.ttft_plan: Callable[[Request], tuple[float, float]] | None = None  # set: deadline-aware order (step 3)
-        self._plan: dict[int, tuple[float, float]] = {}  # request id -> ttft_plan, for waiting requests
+        self._plan: dict[int, tuple[float, float]] = {}  # request id -> ttft_plan, computed once per live request
         self.num_preemptions = 0  # all preemptions, KV pressure and OOM
         self.num_oom_preemptions = 0  # those caused by preempt_all
         self._waiting: deque[Request] = deque()
@@ -266,6 +266,11 @@ class TenantEngine:
         preempted by recomputation first. In-flight batches are dropped. Returns them in
         arrival order, ready for another replica's ``adopt``."""
         self.preempt_all(now)
+        return self._give_up_waiting()
+
+    def _give_up_waiting(self) -> list[Request]:
+        """Empty the queue and forget every request (nothing runs any more): the waiting ones in
+        arrival order."""
         out = sorted(self._waiting, key=_arrival_key)
         self._waiting.clear()
         self._live.clear()
@@ -279,13 +284,10 @@ class TenantEngine:
         each in arrival order."""
         self._inflight.clear()
         self._busy.clear()
-        for r in self._running:
+        running, self._running = self._running, []
+        for r in running:
             self.kv.free(r.id)
-        out = self._running + sorted(self._waiting, key=_arrival_key)
-        self._running, self._waiting = [], deque()
-        self._live.clear()
-        self._plan.clear()
-        return out
+        return running + self._give_up_waiting()
 
     def adopt_running(self, req: Request, now: float) -> bool:
         """Take over a running request whose KV cache was moved here from another replica: its
@@ -395,22 +397,25 @@ class TenantEngine:
         """Admit waiting requests in queue order (FCFS, or deadline-aware) while seats, token
         budget and free blocks allow."""
         waiting = self._waiting
-        if self.ttft_plan is None or not waiting:
+        if self.ttft_plan is None:
             while waiting and self._admit(waiting[0], draft, now):
                 waiting.popleft()
             return
+        if not waiting or draft.budget <= 0 or len(self._running) >= self.max_num_seqs:
+            return  # nothing could be admitted: no order to plan
         end, due = self._draft_timing(draft, now)
         admitted: set[int] = set()
         for req in self._deadline_order(now):
-            deadline, alone = self._plan_of(req)
             n = self._chunk(req.num_tokens, draft.budget)
+            longer = self._prefill_s(req, n)
             # a longer iteration delays every first token in it: none may be pushed past its deadline
-            if draft.ids and end + alone * n / max(req.prompt_tokens, 1) > due:
+            if draft.ids and end + longer > due:
                 break
-            if not self._admit(req, draft, now):
+            if not self._admit(req, draft, now, n):
                 break
             admitted.add(req.id)
-            end += alone * n / max(req.prompt_tokens, 1)
+            end += longer
+            deadline = self._plan[req.id][0]
             if n == req.num_tokens and deadline >= end:
                 due = min(due, deadline)
         if admitted:
@@ -425,10 +430,9 @@ class TenantEngine:
             req = self._live[rid]
             if not pre or req.num_generated:
                 continue
-            deadline, alone = self._plan_of(req)
-            end += alone * n / max(req.prompt_tokens, 1)
+            end += self._prefill_s(req, n)
             if ctx + n >= req.prompt_tokens:
-                firsts.append(deadline)
+                firsts.append(self._plan[req.id][0])
         for d in firsts:
             if d >= end:
                 due = min(due, d)
@@ -440,14 +444,16 @@ class TenantEngine:
         first; whenever the running total of prefill time from `now`, after the prefills already
         running, passes a deadline, the longest prefill taken so far is moved to the late tail),
         then the late tail by deadline."""
-        plan = {r.id: self._plan_of(r) for r in self._waiting}
+        for r in self._waiting:
+            self._plan_of(r)
+        plan = self._plan
         first = [r for r in self._waiting if r.state is RequestState.PREEMPTED]
         fresh = sorted((r for r in self._waiting if r.state is not RequestState.PREEMPTED),
                        key=lambda r: (plan[r.id][0], r.id))
         t = now + sum(plan[r.id][1] for r in first)
         for r in self._running:  # the prefills already running go first
             if r.in_prefill:
-                t += self._plan_of(r)[1] * (r.prompt_tokens - r.num_computed_tokens) / max(r.prompt_tokens, 1)
+                t += self._prefill_s(r, r.prompt_tokens - r.num_computed_tokens)
         taken: list[tuple[float, int]] = []  # max-heap of (-alone, id) among the on-time set
         late: set[int] = set()
         for r in fresh:
@@ -467,11 +473,16 @@ class TenantEngine:
             got = self._plan[req.id] = self.ttft_plan(req)
         return got
 
-    def _admit(self, req: Request, draft: _Draft, now: float) -> bool:
-        """Admit one request into the draft if a seat, the budget and free blocks allow."""
+    def _prefill_s(self, req: Request, tokens: int) -> float:
+        """Seconds of `tokens` of the request's prefill at its isolated rate (`ttft_plan`)."""
+        return self._plan_of(req)[1] * tokens / max(req.prompt_tokens, 1)
+
+    def _admit(self, req: Request, draft: _Draft, now: float, n: int | None = None) -> bool:
+        """Admit one request into the draft, with its chunk `n` (default: what the budget
+        allows), if a seat, the budget and free blocks allow."""
         if draft.budget <= 0 or len(self._running) >= self.max_num_seqs:
             return False
-        n = self._chunk(req.num_tokens, draft.budget)
+        n = self._chunk(req.num_tokens, draft.budget) if n is None else n
         if n == 0 or not self.kv.allocate(req.id, n):
             return False
         req.state = RequestState.RUNNING

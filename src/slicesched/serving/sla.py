@@ -93,9 +93,8 @@ class SLA:
     def ttft_plan(self, arrival_s: float, prompt_tokens: int) -> tuple[float, float]:
         """(TTFT deadline, seconds of its prefill alone) of a request: what a deadline-aware
         admission order plans with (without an isolated latency the prefill counts 0)."""
-        p = np.array([prompt_tokens])
-        alone = float(self.isolated.ttft(p)[0]) if self.isolated is not None else 0.0
-        return arrival_s + float(self.ttft_for(p)[0]), alone
+        alone = float(self.isolated.ttft(np.array([prompt_tokens]))[0]) if self.isolated is not None else 0.0
+        return arrival_s + (self.scale * alone if self.scale_ttft else self.ttft_s), alone
 
     @classmethod
     def scaled(cls, isolated: IsolatedLatency, scale: float = DEFAULT_SLA_SCALE, *,
