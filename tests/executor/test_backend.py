@@ -13,7 +13,8 @@ from slicesched.executor import (ContiguousScheduler, DeviceConfig, Executor, Ex
 from slicesched.executor.program import state_tensors_of
 from slicesched.gmg import GlobalMappingGraph, SliceState
 from slicesched.hardware import Cluster, Container
-from slicesched.gmg.capture import capture_exported, flatten_exported_inputs
+from slicesched.gmg.capture import capture_exported
+from slicesched.gmg.graph_inputs import flatten_exported_inputs
 from slicesched.models.spec import from_hf_config
 from slicesched.sched.interface import SchedulerDecision, WeightCopy, WeightEviction
 

@@ -29,9 +29,9 @@ from slicesched.executor.program import SlicedProgram, build_program, state_tens
 from slicesched.executor.devices import DeviceConfig
 from slicesched.executor.report import ExecutionFailed, RunReport
 from slicesched.executor.runtime import Executor
+from slicesched.gmg.capture import analyse, capture_exported
+from slicesched.gmg.graph_inputs import CaptureError, aot_graph_inputs, dynamo_input_kinds, flatten_exported_inputs
 from slicesched.gmg.ops import Grain
-from slicesched.gmg.capture import (CaptureError, aot_graph_inputs, analyse, capture_exported,
-                                       dynamo_input_kinds, flatten_exported_inputs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,8 @@ def prepare(model, width: Width, step: Step, grain: Grain = Grain.OP, seed: int 
 
     from slicesched.executor import build_program
     from slicesched.executor.program import state_tensors_of
-    from slicesched.gmg.capture import CausalLMStep, capture_exported, export_module, flatten_exported_inputs
+    from slicesched.gmg.capture import CausalLMStep, capture_exported, export_module
+    from slicesched.gmg.graph_inputs import flatten_exported_inputs
 
     g = torch.Generator().manual_seed(seed)
     stepper = CausalLMStep(model).eval()

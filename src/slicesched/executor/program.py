@@ -20,7 +20,8 @@ import torch
 import torch.fx as fx
 
 from slicesched.gmg.ops import Grain
-from slicesched.gmg.capture import CaptureError, CapturedGraph
+from slicesched.gmg.capture import CapturedGraph
+from slicesched.gmg.graph_inputs import CaptureError
 from slicesched.gmg.node_costs import op_name, value_bytes
 
 #: Nodes that only assert metadata at run time; nothing reads their (None) result.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -40,19 +40,18 @@ from slicesched.gmg.ops import IterationGraph
 from slicesched.decisions import Completions, OOMEvent, SchedulerDecision, StepOutcome
 from slicesched.sim.events import Event, Prio
 from slicesched.sim.forks import ForkMixin
+from slicesched.sim.lifecycle import LifecycleMixin, MemoryMixin, QueryMixin
 from slicesched.sim.placement import PlacementMixin
 from slicesched.sim.iterinfo import IterInfo, build_info
-from slicesched.sim.memory import ACT, KV, MemoryLedger
+from slicesched.sim.memory import ACT, MemoryLedger
 from slicesched.sim.network import Network, Paths
 from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.prediction import Prediction, RunLog, SliceRow, build_prediction
-from slicesched.sim.segments import Segment, SegmentMixin
+from slicesched.sim.segments import ALL_GROUPS, Segment, SegmentMixin
 from slicesched.sim.weights import WeightsMixin
-from slicesched.sim.timing import SliceTiming, TimingCache
-from slicesched.sim.trace import chrome_trace
+from slicesched.sim.timing import SliceTiming, SliceTimingMixin, TimingCache
 
 INF = float("inf")
-_ALL: frozenset[int] = frozenset()  # `execute(wake="slice")`: every group watched (compared by identity)
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
 # plain ints: comparing with an enum member costs an attribute lookup in the hot loop
 _SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
@@ -88,7 +87,8 @@ class _Shared:
         self.home_bytes: dict[str, np.ndarray] = {}
 
 
-class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
+class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMixin, LifecycleMixin, QueryMixin,
+                SliceTimingMixin):
     """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given.
 
     perturbation: reality's deviation from the cost model (None: predict exactly by it);
@@ -194,12 +194,12 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
         if isinstance(wake, str):
             if wake not in ("slice", "iteration"):
                 raise ValueError(f"execute: wake must be 'slice', 'iteration' or group ids, not {wake!r}")
-            watch = None if wake == "iteration" else _ALL
+            watch = None if wake == "iteration" else ALL_GROUPS
         else:
             watch = frozenset(wake)
         if self.gmg.weights_version != self._weights_seen:
             self._notice_outside_changes()
-        per_slice = watch is _ALL
+        per_slice = watch is ALL_GROUPS
         if self._nseg and (per_slice or watch):
             self._split_on_groups(watch)
         seg, self.segments = self.segments, not per_slice
@@ -216,21 +216,6 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
         self._weights_seen = self.gmg.weights_version
         return self.take_outcome()
 
-    def _split_on_groups(self, groups: frozenset[int]) -> None:
-        """Split the segments a per-slice wake would hide (all of them for `_ALL`)."""
-        if groups is _ALL:
-            self._dissolve_segments()
-            return
-        self._split_on_devices({d for g in groups for d in self._devs(g)})
-
-    def _split_on_devices(self, touched: Collection[int]) -> None:
-        """Split, at `now`, every segment running on one of these devices."""
-        self._key = (self.now, 3, None)
-        seg_on = self._seg_on  # the segment on each device: no scan of everything running
-        for key in sorted({seg_on[d] for d in touched if seg_on[d] is not None}):
-            self._split(key, self._running[key])
-        self._push([])
-
     def _run_to_completion(self, done: list, until: float) -> None:
         """Process events until `done` gets an entry (and every event at that instant), nothing
         is left, or the clock would pass `until`."""
@@ -246,15 +231,6 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
                 first = self.now
         if first is None and until < INF and next_time() > until:
             self.now = max(self.now, until)
-
-    def _notice_outside_changes(self) -> None:
-        """A driver may load or evict weights through the GMG directly: forget cached residency
-        and re-plan segments, whose memory checks assumed the old state."""
-        if self.gmg.weights_version != self._weights_seen:
-            self._wver += 1
-            self._weights_seen = self.gmg.weights_version
-            if self._nseg:
-                self._dissolve_segments()
 
     def apply(self, decision: SchedulerDecision) -> None:
         """Evictions, then weight copies, then placements, all at `now`."""
@@ -335,72 +311,6 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
             self._ooms = []
         return out
 
-    def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
-        """Reserve `nbytes` of KV cache on each device for `tenant`, all or nothing; an OOM is
-        returned, recorded and reported in the next outcome."""
-        devs = (devices,) if isinstance(devices, int) else tuple(devices)
-        self._external()
-        oom = self._alloc(devs, nbytes, KV, tenant)
-        if oom is not None:
-            self._report(oom)
-            return oom
-        kv = self.mem.kv.setdefault(tenant, [0.0] * len(self._free))
-        for d in devs:
-            kv[d] += nbytes
-        self._push(self._take_deferred())
-        return None
-
-    def free_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
-        devs = (devices,) if isinstance(devices, int) else tuple(devices)
-        kv = self.mem.kv.get(tenant)
-        if kv is None or any(kv[d] < nbytes for d in devs):
-            raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {devs}")
-        self._external()
-        for d in devs:
-            kv[d] -= nbytes
-        self.mem.free(devs, nbytes, KV, self.now)
-        self._push(self._take_deferred())
-
-    def retire(self, key: int) -> IterationGraph:
-        """Forget a finished iteration in the GMG (the same as `gmg.retire`)."""
-        self._tracked.pop(key, None)
-        return self.gmg.retire(key)
-
-    def _forget(self, key: int) -> None:
-        """Drop a finished iteration's cached structure and timings (a long replay would otherwise
-        keep them all). Recorded rows keep their own timings; a trace names its tenant from the
-        structure, so it stays while timelines are recorded."""
-        if not self.record and key >= self._kept_below:
-            self._sh.infos.pop(key, None)
-        self._sh.timing.forget(key)
-        self._spans.pop(key, None)
-        for cache in (self._tcache, self._perturbed):
-            for k in [k for k in cache if k[0] == key]:
-                del cache[k]
-
-    def abort_iteration(self, key: int) -> IterationGraph:
-        """Drop a live iteration (preempted for recomputation): its running slices stop, its
-        transfers are cancelled and all its activations are freed."""
-        self._dissolve_segments()
-        self._external()
-        it = self.gmg.iterations[key]
-        ids = range(it.base, it.base + it.graph.num_slices)
-        ev: list[Event] = []
-        for s in ids:
-            i = s & self.gmg.mask
-            if self.gmg.raw("group")[i] >= 0 and int(self.gmg.raw("state")[i]) != _DONE:
-                ev += self._unplace(s) if s not in self._running else self._stop_running(s)
-        for s in ids:
-            out = self._outputs.pop(s, None)
-            if out is not None:
-                self._free_mem(self._devs(out[0]), out[1], ACT)
-        self._tracked.pop(key, None)
-        graph = self.gmg.abort(key)
-        self._sh.infos.pop(key, None)
-        self._spans.pop(key, None)
-        self._push(ev + self._dispatch())
-        return graph
-
     # ==== prediction ===================================================================
     def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> Prediction:
         """Run `horizon_s` ahead and forecast (see `Prediction`). With `stop_after`, stop once
@@ -414,26 +324,6 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
     def tail(self) -> list[tuple[int, int, float, float]]:
         """(slice, group, start, predicted end) of every running slice."""
         return [(s, r.group, r.start, r.end) for s, r in sorted(self._running.items())]
-
-    # ==== queries ======================================================================
-    def op_times(self, row: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """Start and end of every op of a recorded slice row (`log.slices`)."""
-        _, _, _, start, _, _, local, scale, timing = row
-        return timing.op_times(local, start, scale)
-
-    def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
-        """(times, bytes in use) of one device since the simulator started (needs `record`)."""
-        self.gmg.settle()
-        return self.mem.timeline(device)
-
-    def perfetto(self, ops: bool = True) -> dict:
-        """The recorded timeline as Chrome/Perfetto trace JSON (see trace.py; needs `record`)."""
-        self.gmg.settle()
-        return chrome_trace(self, ops)
-
-    def peak_memory(self) -> np.ndarray:
-        self.gmg.settle()
-        return self.mem.peak()
 
     # ==== event loop ===================================================================
     def _next_time(self) -> float:
@@ -683,24 +573,6 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
             self._free_mem(bdevs, nbytes, ACT)
         return []
 
-    # ==== memory =======================================================================
-    def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str,
-               what: str | None = None) -> OOMEvent | None:
-        self._touch(devs)
-        oom = self.mem.try_alloc(devs, nbytes, cat, self.now, tenant)
-        if oom is not None and what is not None:
-            oom = OOMEvent(oom.device, oom.time, oom.requested_bytes, oom.in_use_bytes, oom.capacity_bytes,
-                           what, tenant)
-        return oom
-
-    def _free_mem(self, devs: tuple[int, ...], nbytes: float, cat: int) -> None:
-        self._touch(devs)
-        self.mem.free(devs, nbytes, cat, self.now)
-
-    def _report(self, oom: OOMEvent) -> None:
-        self._ooms.append(oom)
-        self.log.ooms.append((self._stamp, oom))
-
     # ==== lookups ======================================================================
     def _devs(self, g: int) -> tuple[int, ...]:
         d = self._sh.devs.get(g)
@@ -719,21 +591,3 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin):
         if self._reads is not None and x not in self._reads:
             self._reads[x] = self._stamp
         return int(self.gmg.raw("group")[x & self.gmg.mask])
-
-    def _timing(self, info: IterInfo, g: int) -> SliceTiming:
-        t = self._tcache.get((info.key, g))
-        if t is None:
-            t = self._tcache[(info.key, g)] = self._timing_uncached(info, g)
-        return t
-
-    def _timing_uncached(self, info: IterInfo, g: int) -> SliceTiming:
-        p, timing = self.perturbation, self._sh.timing
-        if p is None or self._forked:  # what-ifs re-time it from the cost model's slice sums
-            base = timing.get(info.key, info.graph, info.model, g)
-            if p is None:
-                return base
-        k = (info.key, timing.variant(g))
-        t = self._perturbed.get(k)
-        if t is None:
-            t = self._perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
-        return t

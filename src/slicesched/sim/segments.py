@@ -24,6 +24,7 @@ any step whose allocation would fail, so that OOM happens in the ordinary path.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,9 @@ class Segment:
         return Segment(self.group, chains, self.chain_of[c:], self.ids[c:], self.starts[c:], self.ends[c:],
                        self.free[c:], self.alloc[c:], self.traj[2 * c:] - self.traj[2 * c - 1], None, self.scale,
                        self.co)
+
+
+ALL_GROUPS: frozenset[int] = frozenset()  # `execute(wake="slice")`: every group watched (compared by identity)
 
 
 class SegmentMixin:
@@ -435,6 +439,21 @@ class SegmentMixin:
                        or any(lo <= c.info.base + c.first <= hi for c in seg.chains))
             if hit:
                 self._split(key, run)
+
+    def _split_on_groups(self: Any, groups: frozenset[int]) -> None:
+        """Split the segments a per-slice wake would hide (all of them for `ALL_GROUPS`)."""
+        if groups is ALL_GROUPS:
+            self._dissolve_segments()
+            return
+        self._split_on_devices({d for g in groups for d in self._devs(g)})
+
+    def _split_on_devices(self: Any, touched: Collection[int]) -> None:
+        """Split, at `now`, every segment running on one of these devices."""
+        self._key = (self.now, 3, None)
+        seg_on = self._seg_on  # the segment on each device: no scan of everything running
+        for key in sorted({seg_on[d] for d in touched if seg_on[d] is not None}):
+            self._split(key, self._running[key])
+        self._push([])
 
 
 _ZEROS = np.zeros(0, np.int64)

@@ -13,6 +13,7 @@ a numpy scalar read costs several times a list read there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from slicesched.gmg.ops import IterationGraph
 from slicesched.hardware.cluster import Cluster
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 from slicesched.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from slicesched.sim.iterinfo import IterInfo
 
 _MIN = np.minimum.reduce
 Variant = tuple[int, str, str]  # (group size, device type, intra-group link)
@@ -136,3 +140,26 @@ def graph_for_size(graph: IterationGraph, model: ModelSpec, size: int) -> Iterat
     if g.num_slices != graph.num_slices:
         raise ValueError(f"{graph.tenant}: rebuilding for {size} devices changed the slice count")
     return g
+
+
+class SliceTimingMixin:
+    """A slice's timing on a group for `Simulator`: the cost model's, perturbed in a replay
+    backend (what-if forks re-time from the cost model alone), cached per iteration and group."""
+
+    def _timing(self: Any, info: IterInfo, g: int) -> SliceTiming:
+        t = self._tcache.get((info.key, g))
+        if t is None:
+            t = self._tcache[(info.key, g)] = self._timing_uncached(info, g)
+        return t
+
+    def _timing_uncached(self: Any, info: IterInfo, g: int) -> SliceTiming:
+        p, timing = self.perturbation, self._sh.timing
+        if p is None or self._forked:  # what-ifs re-time it from the cost model's slice sums
+            base = timing.get(info.key, info.graph, info.model, g)
+            if p is None:
+                return base
+        k = (info.key, timing.variant(g))
+        t = self._perturbed.get(k)
+        if t is None:
+            t = self._perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
+        return t

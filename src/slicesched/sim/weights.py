@@ -113,3 +113,12 @@ class WeightsMixin:
             self.gmg.resident_for_write(e.tenant)[e.block, e.device] = 0.0
             self.mem.free((e.device,), nbytes, WEIGHTS, self.now)
             self._wver += 1
+
+    def _notice_outside_changes(self: Any) -> None:
+        """A driver may load or evict weights through the GMG directly: forget cached residency
+        and re-plan segments, whose memory checks assumed the old state."""
+        if self.gmg.weights_version != self._weights_seen:
+            self._wver += 1
+            self._weights_seen = self.gmg.weights_version
+            if self._nseg:
+                self._dissolve_segments()
