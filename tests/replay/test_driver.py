@@ -405,7 +405,7 @@ def test_a_refused_kv_charge_is_one_oom_and_its_requests_retry_once_memory_can_c
 
     sc = scenario(ONE_GPU + "\n    duration_s = 2.0\n    drain_s = 1.0\n")
     trace = Trace.from_columns("two", [0.1, 0.2], [3000, 3000], [50, 50], ["a", "a"])
-    drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace)
+    drv = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, lane=False)  # the simulator's OOM path
     sim = drv.backend
     held = float(drv.gmg.mem_free()[0]) - 1.2e9  # room for less than one prompt's KV
     assert sim.alloc_kv(0, held, "other") is None

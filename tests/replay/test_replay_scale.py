@@ -37,11 +37,11 @@ def test_scale_benchmark_is_1024_devices_of_128_tenants_on_8_each() -> None:
     assert sum(len(s.tenants) for s in sc.streams) == 128
 
 
-def _replayed(window_s: float) -> ReplayDriver:
+def _replayed(window_s: float, lane: bool = False) -> ReplayDriver:
     sc = load_scenario(REPO / "scenarios" / "synthetic_day_llama2_70b.toml")
     cost = make_cost_model("roofline")
     d = ReplayDriver(sc, make_scheduler("dedicated", sc), scenario_trace(sc, 1.0, window_s), cost=cost,
-                     slas=isolated_slas(sc, cost), window_s=window_s)
+                     slas=isolated_slas(sc, cost), window_s=window_s, lane=lane)
     d.run()
     return d
 
@@ -57,3 +57,14 @@ def test_a_longer_day_replay_holds_no_more_live_state() -> None:
         assert len(sim._sh.infos) == len(sim._sh.timing._ops) == len(sim._sh.timing._timings) == 0
         assert len(sim._tcache) == len(sim._perturbed) == 0
     assert long.gmg._cap == short.gmg._cap
+
+
+def test_a_longer_day_replay_on_the_lane_holds_no_more_live_state() -> None:
+    """The iteration lane keeps nothing of a retired iteration (its record, prices, timings)."""
+    short, long = _replayed(10.0, lane=True), _replayed(30.0, lane=True)
+    assert long.iterations > 1.5 * short.iterations
+    for d in (short, long):
+        lane = d.backend
+        assert type(lane).__name__ == "IterationLane" and not d.inflight
+        assert len(lane._live) == len(lane._done) == len(lane._heap) == 0
+        assert len(lane._timing._ops) == len(lane._timing._timings) == 0

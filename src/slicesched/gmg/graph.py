@@ -252,6 +252,11 @@ class GlobalMappingGraph:
         return self._cols[name]
 
     @property
+    def next_key(self) -> int:
+        """The key the next registered iteration gets (keys count up from 0)."""
+        return self._next_key
+
+    @property
     def mask(self) -> int:
         return self._mask
 

@@ -43,6 +43,7 @@ from slicesched.sched.interface import Admission, Backend, Batching, Routing, Sc
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
                                 TenantEngine, blocks_for, count_violations)
 from slicesched.sim import Perturbation, Simulator
+from slicesched.sim.lane import IterationLane, LaneUnsafe
 from slicesched.traces import Trace
 
 VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
@@ -90,13 +91,20 @@ class ReplayDriver(LoansMixin, MovesMixin):
                  record_timeline: bool = False, window_s: float | None = None,
                  stop_after_violations: int | None = None,
                  backend: "Callable[[GlobalMappingGraph, CostModel], Backend] | None" = None,
-                 models: dict[str, ModelSpec] | None = None, device_memory_bytes: float | None = None) -> None:
+                 models: dict[str, ModelSpec] | None = None, device_memory_bytes: float | None = None,
+                 lane: bool = True) -> None:
         """`stop_after_violations`: end the replay once more requests than this have certainly
         violated their SLA (a capacity search needs no more of a run it already knows fails).
         `backend`: builds the backend over the GMG (default: the simulator, with the scenario's
         perturbation); `models`: the tenants' models where they are not the scenario's;
         `device_memory_bytes`: every device's memory where it is not its type's (real serving on
-        CPU devices: the executor's budget)."""
+        CPU devices: the executor's budget). `lane`: replay a home-only scheduler
+        (`Scheduler.home_only`) on the iteration lane (`sim.lane`) where no timeline is recorded
+        and no other backend is given; False keeps the simulator (the same results, slower)."""
+        self._init_args = (sc, scheduler, trace), dict(
+            rate_scale=rate_scale, cost=cost, slas=slas, record_timeline=record_timeline, window_s=window_s,
+            stop_after_violations=stop_after_violations, backend=backend, models=models,
+            device_memory_bytes=device_memory_bytes)
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
         self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
@@ -121,9 +129,13 @@ class ReplayDriver(LoansMixin, MovesMixin):
                                       {t: Container(t, r.stages[0]) for t, r in containers.items()})
         if device_memory_bytes is not None:
             self.gmg.capacity_bytes[:] = device_memory_bytes
-        self.backend: Backend = backend(self.gmg, self.cost) if backend is not None else Simulator(
-            self.gmg, self.cost, perturbation=Perturbation(seed=sc.seed, duration_cv=sc.replay.perturbation_cv),
-            record=record_timeline)
+        noise = Perturbation(seed=sc.seed, duration_cv=sc.replay.perturbation_cv)
+        on_lane = (lane and backend is None and not record_timeline and scheduler.home_only
+                   and scheduler.wake_on() == "iteration")
+        self._lane = IterationLane(self.gmg, self.cost, noise) if on_lane else None
+        self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
+                                 or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline))
+        self._no_decision = SchedulerDecision(0.0)  # what a home-only scheduler leaves the lane to do
         self.replicas: list[ReplicaState] = []
         pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization)
         for r, pool in zip(replicas, pools):
@@ -227,6 +239,19 @@ class ReplayDriver(LoansMixin, MovesMixin):
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> RunResult:
+        """Replay the trace. On the iteration lane, a replay the lane can no longer vouch for
+        (`LaneUnsafe`: an OOM could have happened) starts again from the beginning on the
+        simulator, as this driver would have been built with `lane=False`."""
+        if self._lane is None:
+            return self._run(progress)
+        try:
+            return self._run(progress)
+        except LaneUnsafe:
+            args, kwargs = self._init_args
+            self.__init__(*args, **kwargs, lane=False)  # type: ignore[misc]  # a fresh replay
+            return self._run(progress)
+
+    def _run(self, progress: Callable[[float], None] | None) -> RunResult:
         t_wall = time.perf_counter()
         reqs = self.requests
         n, i = len(reqs), 0
@@ -254,7 +279,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
             for rs in dirty:
                 self._launch_batches(rs, now)
             dirty.clear()
-            decision = self.scheduler.schedule(self.gmg, now)
+            decision = self.scheduler.schedule(self.gmg, now) if self._lane is None else self._no_decision
             self._dropped = False  # set when carrying the decision out drops an iteration
             self._apply_moves(decision.container_moves)
             for stop in decision.guest_stops:
@@ -425,7 +450,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
         if mb.stage == rs.pipe.pp - 1:
             return None
         del self.inflight[key]
-        self._attribute(self.gmg.iterations[key])
+        self._attribute_key(key)
         self.backend.retire(key)
         delay = self.cost.transfer_time(send_bytes(mb.graphs[mb.stage]), rs.pipe.links[mb.stage])
         heapq.heappush(self._sends, (t + delay, key, rs, mb))
@@ -444,7 +469,7 @@ class ReplayDriver(LoansMixin, MovesMixin):
                 return self.inflight[key][0]
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t, tokens)
-        self._attribute(self.gmg.iterations[key])
+        self._attribute_key(key)
         self.backend.retire(key)
         self._charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
@@ -453,6 +478,16 @@ class ReplayDriver(LoansMixin, MovesMixin):
             else:
                 self._finish_drain(rs, t)
         return rs
+
+    def _attribute_key(self, key: int, tally: dict[str, np.ndarray] | None = None, finished: bool = True) -> None:
+        """`_attribute` of iteration `key`, from the GMG or, on the lane, from the lane."""
+        if self._lane is None:
+            self._attribute(self.gmg.iterations[key], tally, finished)
+            return
+        tenant, group, secs = self._lane.busy_seconds(key, finished)
+        by_group = np.zeros(group + 1)
+        by_group[group] = secs
+        self._add_seconds(tenant, by_group, tally)
 
     def _attribute(self, it, tally: dict[str, np.ndarray] | None = None, finished: bool = True) -> None:
         """Add the compute seconds of an iteration's done slices (`it`: a GMG live iteration, its
@@ -467,19 +502,21 @@ class ReplayDriver(LoansMixin, MovesMixin):
         if not finished:
             done = gmg.col("state")[idx] == SliceState.DONE
             groups, start, end = groups[done], start[done], end[done]
-        secs = np.bincount(groups, end - start)
+        self._add_seconds(it.graph.tenant, np.bincount(groups, end - start), tally)
+
+    def _add_seconds(self, tenant: str, secs: np.ndarray, tally: dict[str, np.ndarray] | None) -> None:
+        """Add per-group compute seconds `secs` to the tenant's tally."""
         tally = self._group_busy if tally is None else tally
-        acc = tally.get(it.graph.tenant)
+        acc = tally.get(tenant)
         if acc is None or len(acc) < len(secs):
-            acc = tally[it.graph.tenant] = np.pad(np.zeros(0) if acc is None else acc,
-                                                  (0, len(secs) - (0 if acc is None else len(acc))))
+            acc = tally[tenant] = np.pad(np.zeros(0) if acc is None else acc, (0, len(secs) - (0 if acc is None else len(acc))))
         acc[:len(secs)] += secs
 
     def _tenant_busy(self) -> dict[int, dict[str, float]]:
         """Per device, compute seconds per tenant: retired iterations, and live ones' done slices."""
         tally = {t: acc.copy() for t, acc in self._group_busy.items()}
-        for it in self.gmg.iterations.values():
-            self._attribute(it, tally, finished=False)
+        for key in (self.gmg.iterations if self._lane is None else self._lane.live_keys()):
+            self._attribute_key(key, tally, finished=False)
         out: dict[int, dict[str, float]] = {d: {} for d in range(self.cluster.num_devices)}
         for t, acc in tally.items():
             for gid in np.flatnonzero(acc):
@@ -548,6 +585,10 @@ class ReplayDriver(LoansMixin, MovesMixin):
         for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
             self._dropped = True
             del self.inflight[key]
+            if self._lane is not None:  # its slices that ended count; the lane forgets the rest
+                self._attribute_key(key, finished=False)
+                self.backend.abort_iteration(key)
+                continue
             it = self.gmg.iterations[key]
             self.backend.abort_iteration(key)
             self._attribute(it, finished=False)  # after the abort, which settles the slices it ran

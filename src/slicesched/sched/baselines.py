@@ -45,6 +45,7 @@ def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
 class DedicatedScheduler(Scheduler):
     name = "dedicated"
     supports_pp = True  # each stage's iteration runs whole on its stage group: nothing to plan
+    home_only = True  # `home_placements` of whatever is ready, and nothing else
 
     def schedule(self, gmg: GlobalMappingGraph, now: float) -> SchedulerDecision:
         return SchedulerDecision(now, home_placements(gmg))

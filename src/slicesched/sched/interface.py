@@ -104,6 +104,10 @@ class Scheduler(ABC):
     #: Serves pipeline-parallel replicas (pp > 1: one GMG iteration per stage and micro-batch,
     #: each placed on its home stage group). Those that do not are refused such scenarios.
     supports_pp: ClassVar[bool] = False
+    #: Runs every iteration whole on its home group, as soon as it is ready, and decides nothing
+    #: else (no moves, guests, shard stages, weight copies or what-ifs). The driver then need not
+    #: ask it: it replays on the iteration lane (`sim.lane`), the simulator's results for less.
+    home_only: ClassVar[bool] = False
 
     @classmethod
     def from_scenario(cls, scenario: object) -> "Scheduler":

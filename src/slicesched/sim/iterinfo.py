@@ -71,6 +71,11 @@ _SHAPES: dict[bytes, _Shape] = {}
 _BY_ID: dict[tuple[int, ...], tuple[tuple, _Shape]] = {}  # the same, keyed by the arrays' identity
 
 
+def is_pure_chain(g: IterationGraph) -> bool:
+    """Is slice j's only successor j + 1, and the last's none (cached per structure)?"""
+    return _shape(g).pure_chain
+
+
 def _shape(g: IterationGraph) -> _Shape:
     arrays = (g.edge_src, g.edge_dst, g.slice_of, g.wblock, g.slice_first, g.slice_count)
     ids = tuple(map(id, arrays))

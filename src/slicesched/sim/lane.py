@@ -1,0 +1,227 @@
+"""The iteration lane: a replay backend for schedulers that only ever run each iteration whole on
+its home group (`Scheduler.home_only`, e.g. `dedicated`), with the simulator's results.
+
+In that case the simulator's general machinery (GMG rows, placement, segments, the event heap
+of slices) computes a fixed thing: a layer chain alone on its group's one stream runs its slices
+back to back, so its slices end at start + d0, + d1, ... (the same float additions a segment
+makes), with every op's duration the cost model's times the seeded noise of (iteration key,
+variant). The lane computes exactly that per iteration, numbers shared with the simulator
+(`TimingCache`, `Perturbation.perturb`, `SliceTiming`), and writes the busy log the GMG keeps.
+
+Exactness has three conditions, each checked as it arises; when one fails the lane raises
+`LaneUnsafe` and its caller replays with the simulator (`replay.driver`):
+
+- each iteration is a pure chain of slices on a group none of whose devices runs anything else
+  (the engines and pipelines of home-only replicas keep one iteration per group);
+- no OOM. The lane holds an upper bound of an iteration's activation memory (three times its
+  largest op output: the previous step's output, a step's intermediate and its own output)
+  while it runs, so its use of a device is never below the simulator's: where the lane never
+  overflows a device, neither would the simulator, and any overflow here is a fallback;
+- no transfers or co-located work (what `Perturbation.interference` would slow): home-only
+  schedulers start none.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from slicesched.cost.model import CostModel
+from slicesched.decisions import OOMEvent, SchedulerDecision, StepOutcome
+from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
+from slicesched.gmg.ops import IterationGraph
+from slicesched.sim.iterinfo import is_pure_chain
+from slicesched.sim.memory import ACT, KV, MemoryLedger
+from slicesched.sim.perturbation import Perturbation
+from slicesched.sim.timing import TimingCache
+
+INF = float("inf")
+ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
+
+
+class LaneUnsafe(RuntimeError):
+    """The lane can no longer promise the simulator's results (the replay falls back to it)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    """One iteration on its group: its slices' starts and ends, and how many are written out."""
+
+    graph: IterationGraph
+    group: int
+    devs: tuple[int, ...]
+    tenant: int  # GMG tenant index
+    starts: np.ndarray
+    ends: np.ndarray
+    act: float  # activation bytes held per device while it runs
+    written: int = 0  # slices already in the busy log (a read settled them before the end)
+    ops_written: int = 0
+
+
+class IterationLane:
+    """`sched.interface.Backend` for home-only schedulers (see the module docstring)."""
+
+    computes_tokens = False
+    what_if = None  # a home-only scheduler asks none
+    record = False  # timelines need the simulator (the driver keeps it when one is asked for)
+
+    def __init__(self, gmg: GlobalMappingGraph, cost: CostModel, perturbation: Perturbation | None = None,
+                 now: float = 0.0) -> None:
+        self.gmg = gmg
+        self.perturbation = perturbation
+        self.now = now
+        self.op_events = 0
+        self.mem = MemoryLedger(gmg, now, record=False)
+        self._timing = TimingCache(cost, gmg.cluster)
+        self._next_key = gmg.next_key  # the keys the simulator's GMG would give: the same noise
+        self._heap: list[tuple[float, int]] = []  # (end, key); keys order ties as slice ids would
+        self._live: dict[int, _Live] = {}
+        self._done: dict[int, _Live] = {}  # finished, until retired
+        self._on = [-1] * gmg.cluster.num_devices  # iteration running on each device
+        self._devs: dict[int, tuple[int, ...]] = {}
+
+    # ---- Backend ------------------------------------------------------------------------
+    def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: object = None) -> IterationHandle:
+        """Start the iteration now on its home group."""
+        devs = self._devs.get(home)
+        if devs is None:
+            if home < 0:
+                raise LaneUnsafe(f"{graph.tenant}: an iteration without a home group")
+            devs = self._devs[home] = self.gmg.cluster.group(home)
+        if not is_pure_chain(graph):
+            raise LaneUnsafe(f"{graph.tenant}: iteration {graph.iteration} is not a chain of slices")
+        on = self._on
+        for d in devs:
+            if on[d] >= 0:
+                raise LaneUnsafe(f"{graph.tenant}: device {d} already runs iteration {on[d]}")
+        key = self._next_key
+        self._next_key += 1
+        act = ACT_BOUND_OUTPUTS * float(graph.out_bytes.max(initial=0.0))
+        self._alloc(devs, act, ACT, graph.tenant)
+        timing = self._timing_of(key, graph, home)
+        ends = timing.slice_arr.copy()
+        ends[0] += self.now  # the simulator's first end is now + d0, then each step adds its own
+        ends.cumsum(out=ends)
+        starts = np.empty_like(ends)
+        starts[0], starts[1:] = self.now, ends[:-1]
+        for d in devs:
+            on[d] = key
+        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], starts, ends, act)
+        heapq.heappush(self._heap, (float(ends[-1]), key))
+        return IterationHandle(key, graph.tenant, -1, graph.num_slices)  # no GMG rows: no slice ids
+
+    def _timing_of(self, key: int, graph: IterationGraph, group: int):
+        """The simulator's timing of this iteration on its home group (`SliceTimingMixin`)."""
+        model, tc, p = self.gmg.models[graph.tenant], self._timing, self.perturbation
+        if p is None:
+            return tc.get(key, graph, model, group)
+        return p.perturb(*tc.ops(key, graph, model, group), key, tc.variant(group))
+
+    def execute(self, decision: SchedulerDecision, until: float = INF,
+                wake: str | Collection[int] = "iteration") -> StepOutcome:
+        """Run until an iteration finishes (every one ending at that instant) or the clock
+        reaches `until`; the lane places every iteration itself, so `decision` must place nothing."""
+        self.apply(decision)
+        self.gmg.defer(None)  # what a read would settle is written as iterations end
+        heap, finished, first = self._heap, [], None
+        while heap:
+            t = heap[0][0]
+            if t > until or (first is not None and t > first):
+                break
+            _, key = heapq.heappop(heap)
+            self.now = first = t
+            self._finish(key)
+            finished.append(key)
+        if first is None and until < INF:
+            self.now = max(self.now, until)
+        self.gmg.defer(self._settle if self._live else None)
+        return StepOutcome(self.now, (), tuple(finished), ())
+
+    def apply(self, decision: SchedulerDecision) -> None:
+        if decision.placements or decision.weight_copies or decision.evictions:
+            raise ValueError("the iteration lane runs every iteration on its home group: nothing to place")
+
+    def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
+        devs = (devices,) if isinstance(devices, int) else tuple(devices)
+        self._alloc(devs, nbytes, KV, tenant)
+        kv = self.mem.kv.setdefault(tenant, [0.0] * len(self._on))
+        for d in devs:
+            kv[d] += nbytes
+        return None
+
+    def free_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
+        devs = (devices,) if isinstance(devices, int) else tuple(devices)
+        kv = self.mem.kv.get(tenant)
+        if kv is None or any(kv[d] < nbytes for d in devs):
+            raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {devs}")
+        for d in devs:
+            kv[d] -= nbytes
+        self.mem.free(devs, nbytes, KV, self.now)
+
+    def retire(self, key: int) -> IterationGraph:
+        return self._done.pop(key).graph
+
+    def abort_iteration(self, key: int) -> IterationGraph:
+        """Stop a live iteration now: its slices that ended stay in the busy log."""
+        self._settle_one(self._live[key])
+        it = self._end(key)
+        self._heap = [e for e in self._heap if e[1] != key]
+        heapq.heapify(self._heap)
+        return it.graph
+
+    def stop_recording(self) -> None:
+        """Nothing to stop: the lane records no timeline."""
+
+    def perfetto(self, ops: bool = True) -> dict:
+        raise ValueError("the iteration lane records no timeline (replay with record_timeline for one)")
+
+    # ---- what the driver reads of finished work -----------------------------------------
+    def busy_seconds(self, key: int, finished: bool = True) -> tuple[str, int, float]:
+        """(tenant, group, compute seconds) of an iteration's slices that ended: all of a
+        finished one, those up to now of a live one. Summed one after another, as the
+        driver's bincount over the simulator's rows does."""
+        it = self._done[key] if finished else self._live[key]
+        n = len(it.ends) if finished else int(it.ends.searchsorted(self.now, side="right"))
+        secs = float((it.ends[:n] - it.starts[:n]).cumsum()[-1]) if n else 0.0
+        return it.graph.tenant, it.group, secs
+
+    def live_keys(self) -> list[int]:
+        return list(self._live)
+
+    # ---- internals ----------------------------------------------------------------------
+    def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str) -> None:
+        oom = self.mem.try_alloc(devs, nbytes, cat, self.now, tenant)
+        if oom is not None:  # the simulator may or may not have overflowed: only it can say
+            raise LaneUnsafe(f"{tenant}: device {oom.device} could overflow ({oom.requested_bytes:.0f} bytes)")
+
+    def _finish(self, key: int) -> None:
+        it = self._end(key)
+        self._write(it, len(it.ends))
+        self._done[key] = it
+
+    def _end(self, key: int) -> _Live:
+        it = self._live.pop(key)
+        for d in it.devs:
+            self._on[d] = -1
+        self.mem.free(it.devs, it.act, ACT, self.now)
+        self._timing.forget(key)
+        return it
+
+    def _write(self, it: _Live, n: int) -> None:
+        """Slices up to n of `it` into the busy log (one run: they are back to back) and op count."""
+        if n > it.written:
+            self.gmg.busy.add(it.devs, float(it.starts[it.written]), float(it.ends[n - 1]), it.tenant)
+            ops = int(it.graph.slice_first[n - 1] + it.graph.slice_count[n - 1]) if n < len(it.ends) else it.graph.num_ops
+            self.op_events += ops - it.ops_written
+            it.written, it.ops_written = n, ops
+
+    def _settle(self) -> None:
+        """A read of the GMG's busy log: write out every live slice that ended by now."""
+        for it in self._live.values():
+            self._settle_one(it)
+
+    def _settle_one(self, it: _Live) -> None:
+        self._write(it, int(it.ends.searchsorted(self.now, side="right")))
