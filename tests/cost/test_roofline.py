@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -6,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slicesched.cost import COST_MODELS, RooflineCostModel, make_cost_model
-from slicesched.gmg import BatchShape, OpKind, build_iteration
+from slicesched.gmg import BatchShape, Grain, OpKind, build_iteration
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
 
@@ -159,3 +160,20 @@ def test_a_head_tied_to_the_embedding_costs_what_the_same_head_untied_does(shape
     t = [cm.op_times(g, H100, LINKS["nvlink4"])[g.kind == OpKind.LM_HEAD].sum()
          for g in (build_iteration(m, shape, 1) for m in (tied, untied))]
     assert t[0] == pytest.approx(t[1], rel=0.02)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["llama-2-70b", "qwen2.5-1.5b", "mixtral-8x7b", "gpt2"]), tp=st.sampled_from([1, 2, 4]),
+       decodes=st.integers(0, 40), prefill=st.integers(0, 700), context=st.integers(0, 4000),
+       device=st.sampled_from(["A100-80GB", "H100-80GB", "L40S"]), grain=st.sampled_from(list(Grain)))
+def test_pricing_each_distinct_op_once_gives_every_ops_time(model, tp, decodes, prefill, context, device, grain):
+    """A built graph's `rows` (its distinct ops) price to exactly what its ops do one by one."""
+    new = np.array(([prefill] if prefill else []) + [1] * decodes, np.int64)
+    if not len(new):
+        new = np.ones(1, np.int64)
+    shape = BatchShape(new, np.full(len(new), context, np.int64), len(new))
+    g = build_iteration(model_spec(model), shape, tp, grain)
+    cm, dev = RooflineCostModel(), DEVICES[device]
+    assert g.rows is not None and len(g.rows.kind) < g.num_ops
+    by_rows = cm.op_times(g, dev, LINKS["nvlink3"])
+    assert np.array_equal(by_rows, cm.op_times(dataclasses.replace(g, rows=None), dev, LINKS["nvlink3"]))

@@ -125,7 +125,7 @@ def test_one_iteration_ends_at_its_slices_durations_added_in_order():
     g = build_iteration(m, BatchShape.prefill(64), 1, Grain.LAYER, "a", 0)
     lane.now = 2.0
     h = lane.add_iteration(g, home=lane.gmg.cluster.group_id((0,)))
-    durs = lane._timing_of(h.key, g, lane.gmg.cluster.group_id((0,))).slice_dur
+    durs = lane.slice_durations(h.key, g, lane.gmg.cluster.group_id((0,))).tolist()
     end = 2.0
     for d in durs:
         end += d

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slicesched.cost.model import COST_MODELS
-from slicesched.gmg.ops import GEMM_KINDS, IterationGraph, OpKind
+from slicesched.gmg.ops import GEMM_KINDS, BatchShape, IterationGraph, OpKind, OpRows
 from slicesched.hardware.specs import DeviceSpec, LinkSpec
 
 
@@ -79,10 +79,19 @@ class RooflineCostModel:
     prices_ops_alone = True
 
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
+        r = graph.rows
+        if r is not None:  # each distinct op priced once (every layer repeats its numbers): the same times
+            return self._times(r, graph.shape, graph.tp, device, group_link).take(r.gather)
+        return self._times(graph, graph.shape, graph.tp, device, group_link)
+
+    def _times(self, graph: "IterationGraph | OpRows", shape: BatchShape, tp: int, device: DeviceSpec,
+               group_link: LinkSpec) -> np.ndarray:
+        """Every op's time from its own numbers (each op alone: element-wise throughout) and the
+        batch's shape; `graph` holds the per-op arrays (an iteration's, or its distinct rows)."""
         k = self._per_kind(graph.kind, device)
-        rows = float(max(graph.shape.num_tokens, 1))
-        seqs = graph.shape.logits_seqs
-        decode = not _ANY(graph.shape.new_tokens > 1)  # all <= 1 (ufunc: no Python wrapper)
+        rows = float(max(shape.num_tokens, 1))
+        seqs = shape.logits_seqs
+        decode = not _ANY(shape.new_tokens > 1)  # all <= 1 (ufunc: no Python wrapper)
         # compute efficiency by `code`: element-wise work runs on CUDA cores; GEMMs ramp with
         # their rows; the LM head with the sequences it computes logits for; attention
         compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
@@ -102,7 +111,7 @@ class RooflineCostModel:
         t += k.floor
         comm = graph.comm_bytes > 0
         if _ANY(comm):
-            t[comm] = self._allreduce_times(graph.comm_bytes[comm], graph.tp, group_link)
+            t[comm] = self._allreduce_times(graph.comm_bytes[comm], tp, group_link)
         return t
 
     @staticmethod

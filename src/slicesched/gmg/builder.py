@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slicesched.gmg.ops import BatchShape, Grain, IterationGraph, OpKind
+from slicesched.gmg.ops import BatchShape, Grain, IterationGraph, OpKind, OpRows
 from slicesched.models.spec import ModelSpec
 
 
@@ -172,6 +172,7 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
     v = v.reshape(8, -1)
     v[1] += v[7]  # bytes read: activations and KV, plus the weights read
     flops, read, written, weights, out, kv, comm = v[:7].take(t.gather, axis=1)
+    distinct = OpRows(t.gather, t.row_kind, v[0], v[1], v[2], v[3], v[6])
     shapes = ()
     if with_shapes:
         rows = _all_rows(m, tp, c)
@@ -181,7 +182,7 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
                           kv_write_bytes=kv, comm_bytes=comm, wblock=t.wblock, slice_of=t.slice_of,
                           edge_src=t.edge_src, edge_dst=t.edge_dst, slice_first=t.slice_first,
                           slice_count=t.slice_count, shapes=shapes, slice_dep_src=t.dep_src,
-                          slice_dep_dst=t.dep_dst)
+                          slice_dep_dst=t.dep_dst, rows=distinct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,7 @@ class _Template:
     dep_src: np.ndarray | None
     dep_dst: np.ndarray | None
     gather: np.ndarray  # template row of every op: 0 embedding, 1..n the layer, n+1.. the head
+    row_kind: np.ndarray  # int8 kind of every template row
     coef: np.ndarray  # int64 [5, 8 * rows], see `_coefficients`
     touched: np.ndarray | None  # float64 [8 * rows]; None for dense models
 
@@ -224,7 +226,8 @@ def _template(m: ModelSpec, tp: int, grain: Grain) -> _Template:
     layer = rows[1:-3]
     n, L = len(layer), m.layers
     gather = np.concatenate([[0], np.tile(np.arange(1, n + 1), L), [n + 1, n + 2, n + 3]])
-    kind = np.fromiter((r.kind for r in rows), np.int8)[gather]
+    row_kind = np.fromiter((r.kind for r in rows), np.int8)
+    kind = row_kind[gather]
     layer_ids = np.concatenate([[-1], np.repeat(np.arange(L), n), [L, L, L]]).astype(np.int16)
     # Weight blocks: 2*layer (attention half), 2*layer+1 (MLP half), 2L embedding, 2L+1 head,
     # so that an attention slice placed elsewhere needs only the attention weights there.
@@ -234,9 +237,9 @@ def _template(m: ModelSpec, tp: int, grain: Grain) -> _Template:
     if m.tie_embeddings:
         wblock[-2] = 2 * L  # the tied head reads the embedding matrix
     t = _Template(kind, layer_ids, wblock, *_edges(layer, n, L), *_slices(grain, halves, n, L), gather,
-                  *_coefficients(m, tp))
+                  row_kind, *_coefficients(m, tp))
     for a in (kind, layer_ids, wblock, t.slice_of, t.edge_src, t.edge_dst, t.slice_first, t.slice_count,
-              t.dep_src, t.dep_dst):
+              t.dep_src, t.dep_dst, gather, row_kind):
         if a is not None:
             a.flags.writeable = False  # shared by every graph built from this template
     return t

@@ -90,6 +90,19 @@ class BatchShape:
 
 
 @dataclass(frozen=True, slots=True)
+class OpRows:
+    """An iteration's distinct ops: op i has the numbers of row `gather[i]` (`IterationGraph.rows`)."""
+
+    gather: np.ndarray  # row of every op
+    kind: np.ndarray  # int8, per row
+    flops: np.ndarray
+    bytes_read: np.ndarray
+    bytes_written: np.ndarray
+    weight_bytes: np.ndarray
+    comm_bytes: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class IterationGraph:
     """The ops of one forward pass of one tenant's batch. Arrays are indexed by local op id."""
 
@@ -122,6 +135,9 @@ class IterationGraph:
     # (numbers are views of the whole's), so a cost model may price the whole once for all stages.
     whole: "IterationGraph | None" = field(repr=False, default=None)
     op_lo: int = field(repr=False, default=0)
+    # The builder's distinct ops (every layer repeats its numbers) and which one each op is, so
+    # a cost model that prices ops alone may price each once: None for graphs made otherwise.
+    rows: "OpRows | None" = field(repr=False, default=None)
 
     @property
     def num_ops(self) -> int:

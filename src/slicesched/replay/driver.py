@@ -485,6 +485,10 @@ class ReplayDriver(LoansMixin, MovesMixin):
             self._attribute(self.gmg.iterations[key], tally, finished)
             return
         tenant, group, secs = self._lane.busy_seconds(key, finished)
+        acc = (self._group_busy if tally is None else tally).get(tenant)
+        if acc is not None and group < len(acc):
+            acc[group] += secs  # what adding the one-group array below does
+            return
         by_group = np.zeros(group + 1)
         by_group[group] = secs
         self._add_seconds(tenant, by_group, tally)

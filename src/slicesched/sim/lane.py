@@ -36,9 +36,10 @@ from slicesched.gmg.ops import IterationGraph
 from slicesched.sim.iterinfo import is_pure_chain
 from slicesched.sim.memory import ACT, KV, MemoryLedger
 from slicesched.sim.perturbation import Perturbation
-from slicesched.sim.timing import TimingCache
+from slicesched.sim.timing import TimingCache, slice_sums
 
 INF = float("inf")
+_MAX = np.maximum.reduce  # `.max()` without its Python wrapper
 ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
 
 
@@ -99,10 +100,9 @@ class IterationLane:
                 raise LaneUnsafe(f"{graph.tenant}: device {d} already runs iteration {on[d]}")
         key = self._next_key
         self._next_key += 1
-        act = ACT_BOUND_OUTPUTS * float(graph.out_bytes.max(initial=0.0))
+        act = ACT_BOUND_OUTPUTS * float(_MAX(graph.out_bytes, initial=0.0))
         self._alloc(devs, act, ACT, graph.tenant)
-        timing = self._timing_of(key, graph, home)
-        ends = timing.slice_arr.copy()
+        ends = self.slice_durations(key, graph, home)
         ends[0] += self.now  # the simulator's first end is now + d0, then each step adds its own
         ends.cumsum(out=ends)
         starts = np.empty_like(ends)
@@ -113,12 +113,14 @@ class IterationLane:
         heapq.heappush(self._heap, (float(ends[-1]), key))
         return IterationHandle(key, graph.tenant, -1, graph.num_slices)  # no GMG rows: no slice ids
 
-    def _timing_of(self, key: int, graph: IterationGraph, group: int):
-        """The simulator's timing of this iteration on its home group (`SliceTimingMixin`)."""
-        model, tc, p = self.gmg.models[graph.tenant], self._timing, self.perturbation
-        if p is None:
-            return tc.get(key, graph, model, group)
-        return p.perturb(*tc.ops(key, graph, model, group), key, tc.variant(group))
+    def slice_durations(self, key: int, graph: IterationGraph, group: int) -> np.ndarray:
+        """Per slice, the seconds the simulator gives this iteration on its home group (the
+        slice sums of `SliceTimingMixin`'s perturbed timing), as a new array."""
+        tc, p = self._timing, self.perturbation
+        op_dur, first, count = tc.ops(key, graph, self.gmg.models[graph.tenant], group)
+        if p is not None:
+            op_dur = p.noisy(op_dur, key, tc.variant(group))
+        return slice_sums(op_dur, first, count)[1]
 
     def execute(self, decision: SchedulerDecision, until: float = INF,
                 wake: str | Collection[int] = "iteration") -> StepOutcome:

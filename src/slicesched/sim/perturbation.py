@@ -57,12 +57,14 @@ class Perturbation:
                 variant: Variant) -> SliceTiming:
         """The timing of ops `op_dur` (slices `first`, `count`) with every op duration multiplied
         by its seeded lognormal factor."""
+        return SliceTiming.from_ops(self.noisy(op_dur, key, variant), first, count)
+
+    def noisy(self, op_dur: np.ndarray, key: int, variant: Variant) -> np.ndarray:
+        """Op durations `op_dur` of iteration `key` on `variant`, each times its seeded factor."""
         if self.duration_cv == 0:
-            return SliceTiming.from_ops(op_dur, first, count)
+            return op_dur
         mean, sigma = _lognormal(self.duration_cv)
-        tag = _tag(variant)
-        noise = _rng(self.seed, key, tag).lognormal(mean, sigma, len(op_dur))
-        return SliceTiming.from_ops(op_dur * noise, first, count)
+        return op_dur * _rng(self.seed, key, _tag(variant)).lognormal(mean, sigma, len(op_dur))
 
     def slowdown(self, co_located: int) -> float:
         return 1.0 + self.interference * co_located

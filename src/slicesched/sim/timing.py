@@ -45,11 +45,7 @@ class SliceTiming:
 
     @classmethod
     def from_ops(cls, op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> "SliceTiming":
-        cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
-        cum[0] = 0.0
-        op_dur.cumsum(out=cum[1:])  # methods and ufuncs, not np.cumsum / .min(): no Python wrapper
-        per_slice = cum.take(first + count)
-        per_slice -= cum.take(first)
+        cum, per_slice = slice_sums(op_dur, first, count)
         return cls(op_dur, cum, first, count, per_slice.tolist(), per_slice, bool(_MIN(per_slice, initial=1.0) > 0))
 
     def op_times(self, local: int, start: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -58,6 +54,17 @@ class SliceTiming:
         b = a + int(self.slice_count[local])
         rel = (self.op_cum[a: b + 1] - self.op_cum[a]) * scale
         return start + rel[:-1], start + rel[1:]
+
+
+def slice_sums(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(running sum of op durations from 0, per-slice totals as differences of it): the numbers
+    every backend times slices by, in one order of float additions."""
+    cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
+    cum[0] = 0.0
+    op_dur.cumsum(out=cum[1:])  # methods and ufuncs, not np.cumsum / .min(): no Python wrapper
+    per_slice = cum.take(first + count)
+    per_slice -= cum.take(first)
+    return cum, per_slice
 
 
 def group_variant(cluster: Cluster, group: int) -> tuple[Variant, DeviceSpec, LinkSpec]:
