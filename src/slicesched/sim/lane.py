@@ -13,10 +13,11 @@ Exactness has three conditions, each checked as it arises; when one fails the la
 
 - each iteration is a pure chain of slices on a group none of whose devices runs anything else
   (the engines and pipelines of home-only replicas keep one iteration per group);
-- no OOM. The lane holds an upper bound of an iteration's activation memory (three times its
-  largest op output: the previous step's output, a step's intermediate and its own output)
-  while it runs, so its use of a device is never below the simulator's: where the lane never
-  overflows a device, neither would the simulator, and any overflow here is a fallback;
+- no OOM. The lane holds, on every group, an upper bound of the activation memory of any
+  iteration it ran there (three times its largest op output: the previous step's output, a
+  step's intermediate and its own output), from the first such iteration on, so its use of a
+  device is never below the simulator's: where the lane never overflows a device, neither
+  would the simulator, and any overflow here is a fallback;
 - no transfers or co-located work (what `Perturbation.interference` would slow): home-only
   schedulers start none.
 """
@@ -57,7 +58,6 @@ class _Live:
     tenant: int  # GMG tenant index
     starts: np.ndarray
     ends: np.ndarray
-    act: float  # activation bytes held per device while it runs
     written: int = 0  # slices already in the busy log (a read settled them before the end)
     ops_written: int = 0
 
@@ -83,6 +83,7 @@ class IterationLane:
         self._done: dict[int, _Live] = {}  # finished, until retired
         self._on = [-1] * gmg.cluster.num_devices  # iteration running on each device
         self._devs: dict[int, tuple[int, ...]] = {}
+        self._act_held: dict[int, float] = {}  # group -> activation bytes held on each of its devices
 
     # ---- Backend ------------------------------------------------------------------------
     def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: object = None) -> IterationHandle:
@@ -101,7 +102,10 @@ class IterationLane:
         key = self._next_key
         self._next_key += 1
         act = ACT_BOUND_OUTPUTS * float(_MAX(graph.out_bytes, initial=0.0))
-        self._alloc(devs, act, ACT, graph.tenant)
+        held = self._act_held.get(home, 0.0)
+        if act > held:  # held from now on: an iteration on the group needs no charge of its own
+            self._alloc(devs, act - held, ACT, graph.tenant)
+            self._act_held[home] = act
         ends = self.slice_durations(key, graph, home)
         ends[0] += self.now  # the simulator's first end is now + d0, then each step adds its own
         ends.cumsum(out=ends)
@@ -109,7 +113,7 @@ class IterationLane:
         starts[0], starts[1:] = self.now, ends[:-1]
         for d in devs:
             on[d] = key
-        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], starts, ends, act)
+        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], starts, ends)
         heapq.heappush(self._heap, (float(ends[-1]), key))
         return IterationHandle(key, graph.tenant, -1, graph.num_slices)  # no GMG rows: no slice ids
 
@@ -117,7 +121,7 @@ class IterationLane:
         """Per slice, the seconds the simulator gives this iteration on its home group (the
         slice sums of `SliceTimingMixin`'s perturbed timing), as a new array."""
         tc, p = self._timing, self.perturbation
-        op_dur, first, count = tc.ops(key, graph, self.gmg.models[graph.tenant], group)
+        op_dur, first, count = tc.price(graph, self.gmg.models[graph.tenant], group)
         if p is not None:
             op_dur = p.noisy(op_dur, key, tc.variant(group))
         return slice_sums(op_dur, first, count)[1]
@@ -208,8 +212,6 @@ class IterationLane:
         it = self._live.pop(key)
         for d in it.devs:
             self._on[d] = -1
-        self.mem.free(it.devs, it.act, ACT, self.now)
-        self._timing.forget(key)
         return it
 
     def _write(self, it: _Live, n: int) -> None:

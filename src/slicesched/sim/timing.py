@@ -110,10 +110,15 @@ class TimingCache:
         variant = self.variant(group)
         o = self._ops.get((key, variant))
         if o is None:
-            _, spec, link = self._by_group[group]
-            g = graph_for_size(graph, model, variant[0])
-            o = self._ops[(key, variant)] = (self._price(g, variant, spec, link), g.slice_first, g.slice_count)
+            o = self._ops[(key, variant)] = self.price(graph, model, group)
         return o
+
+    def price(self, graph: IterationGraph, model: ModelSpec, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`ops` without keeping the answer (a caller that asks once per iteration)."""
+        variant = self.variant(group)
+        _, spec, link = self._by_group[group]
+        g = graph_for_size(graph, model, variant[0])
+        return self._price(g, variant, spec, link), g.slice_first, g.slice_count
 
     def _price(self, g: IterationGraph, variant: Variant, spec: DeviceSpec, link: LinkSpec) -> np.ndarray:
         """The cost model's op times; a pipeline stage's are a view of its whole iteration's,
