@@ -146,3 +146,12 @@ def test_an_iteration_without_a_home_is_refused():
     lane, m = _lane()
     with pytest.raises(LaneUnsafe, match="home"):
         lane.add_iteration(build_iteration(m, BatchShape.prefill(8), 1, Grain.LAYER, "a", 0))
+
+
+def test_the_lane_gives_the_simulators_results_when_the_kv_pool_runs_out():
+    """A KV pool of a few thousand tokens under a burst: the engine preempts requests (by
+    recomputation) and the lane still matches the simulator, without falling back."""
+    sc = _scenario(rate=300.0)
+    d, lane = _replay(sc, True, device_memory_bytes=3.6e9)
+    assert isinstance(d.backend, IterationLane) and sum(r.num_preemptions for r in lane.requests) > 0
+    _same(lane, _replay(sc, False, device_memory_bytes=3.6e9)[1])

@@ -159,7 +159,9 @@ class Backend(Protocol):
     """Runs decisions: the simulator on a virtual clock, the executor on real devices.
 
     Exactly what the replay driver calls (`replay/driver.py`), implemented fully by both
-    `sim.Simulator` and `executor.ExecutorBackend`. The driver forms iterations and owns the
+    `sim.Simulator` and `executor.ExecutorBackend`; `sim.lane.IterationLane` implements it for
+    home-only schedulers (it places every iteration itself, offers no what-if and records no
+    timeline: `perfetto` raises). The driver forms iterations and owns the
     serving state (engines, KV block counts, replicas); the backend owns time, device memory and
     the GMG's execution state.
     """
