@@ -557,6 +557,8 @@ class ReplayDriver(LoansMixin, MovesMixin):
     def _charge_stages(self, rs: ReplicaState) -> None:
         """`_charge_kv` of a pipeline replica: each stage's devices hold its layers' KV."""
         tokens = rs.engine.kv.used_blocks * BLOCK_TOKENS
+        if all(c == tokens * k for c, k in zip(rs.stage_charged, rs.stage_kv)):
+            return  # most steps allocate no block: nothing to charge (what the loop below would find)
         for s, (devs, per_tok) in enumerate(zip(rs.replica.stages, rs.stage_kv)):
             if not self._charge(devs, rs.replica.tenant, rs.stage_charged[s], tokens * per_tok):
                 return  # the OOM's preemption charged every stage anew
