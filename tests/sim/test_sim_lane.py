@@ -114,6 +114,25 @@ def test_the_driver_uses_the_lane_only_for_home_only_schedulers_without_a_timeli
     assert backend("dedicated", record_timeline=True) is backend("dedicated", lane=False) is Simulator
 
 
+def test_a_subclass_with_its_own_schedule_is_not_home_only_unless_it_says_so():
+    from slicesched.sched.baselines import DedicatedScheduler
+
+    class Mine(DedicatedScheduler):
+        def schedule(self, gmg, now):
+            return super().schedule(gmg, now)
+
+    class Declared(Mine):
+        home_only = True
+
+    class Inherits(DedicatedScheduler):
+        pass
+
+    assert not Mine.home_only and Declared.home_only and Inherits.home_only
+    sc = _scenario()
+    d = ReplayDriver(sc, Mine(), scenario_trace(sc, 1.0, 1.0), cost=COST)
+    assert isinstance(d.backend, Simulator)
+
+
 def _lane(devices=2):
     m = model_spec("gpt2")
     gmg = GlobalMappingGraph(Cluster.homogeneous("H100-80GB", 1, devices), {"a": m}, {"a": Container("a", (0,))})

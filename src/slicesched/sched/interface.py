@@ -107,7 +107,13 @@ class Scheduler(ABC):
     #: Runs every iteration whole on its home group, as soon as it is ready, and decides nothing
     #: else (no moves, guests, shard stages, weight copies or what-ifs). The driver then need not
     #: ask it: it replays on the iteration lane (`sim.lane`), the simulator's results for less.
+    #: A subclass that defines its own `schedule` is not home-only unless it declares so again.
     home_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "schedule" in cls.__dict__ and "home_only" not in cls.__dict__:
+            cls.home_only = False  # a schedule() of its own decides anew: home-only only if it says so
 
     @classmethod
     def from_scenario(cls, scenario: object) -> "Scheduler":
