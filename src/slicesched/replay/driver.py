@@ -266,10 +266,12 @@ class ReplayDriver(LoansMixin, MovesMixin):
                 if rs is not None:
                     dirty[rs] = None
                 i += 1
-            for rs in self._activate_loaded(now):
-                dirty[rs] = None
-            for rs in self._land_kv_moves(now):
-                dirty[rs] = None
+            if self._activations:  # (the common case skips these calls: a loop turn per event)
+                for rs in self._activate_loaded(now):
+                    dirty[rs] = None
+            if self._kv_moves:
+                for rs in self._land_kv_moves(now):
+                    dirty[rs] = None
             while self._syncs and self._syncs[0][0] <= now:  # wide iterations whose KV sync is done
                 dirty[self._complete(heapq.heappop(self._syncs)[1], now, synced=True)] = None
             while self._sends and self._sends[0][0] <= now:  # activations landed on the next stage
@@ -281,7 +283,8 @@ class ReplayDriver(LoansMixin, MovesMixin):
             dirty.clear()
             decision = self.scheduler.schedule(self.gmg, now) if self._lane is None else self._no_decision
             self._dropped = False  # set when carrying the decision out drops an iteration
-            self._apply_moves(decision.container_moves)
+            if decision.container_moves:
+                self._apply_moves(decision.container_moves)
             for stop in decision.guest_stops:
                 dirty.update(dict.fromkeys(self._stop_guest(stop, now)))
             for start in decision.guest_starts:
@@ -294,7 +297,8 @@ class ReplayDriver(LoansMixin, MovesMixin):
                 self._stage_shards(st, now)
             if self._dropped:  # a guest stopped at once: its iterations are gone, so are their placements
                 decision = self._live_placements(decision)
-            wake = min(reqs[i].arrival_s if i < n else math.inf, self._next_activation(), horizon,
+            wake = min(reqs[i].arrival_s if i < n else math.inf,
+                       self._next_activation() if self._activations else math.inf, horizon,
                        self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
                        self._kv_moves[0][0] if self._kv_moves else math.inf)
             if (not self.inflight and not self._sends and not self._kv_moves and i >= n
