@@ -174,3 +174,10 @@ def test_the_lane_gives_the_simulators_results_when_the_kv_pool_runs_out():
     d, lane = _replay(sc, True, device_memory_bytes=3.6e9)
     assert isinstance(d.backend, IterationLane) and sum(r.num_preemptions for r in lane.requests) > 0
     _same(lane, _replay(sc, False, device_memory_bytes=3.6e9)[1])
+
+
+def test_an_op_grain_replay_whose_slices_are_no_chain_falls_back_to_the_simulator():
+    sc = _scenario(grain="op")
+    d, fallen = _replay(sc, True)
+    assert isinstance(d.backend, Simulator)
+    _same(fallen, _replay(sc, False)[1])
