@@ -153,18 +153,12 @@ class IterationLane:
     def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
         devs = (devices,) if isinstance(devices, int) else tuple(devices)
         self._alloc(devs, nbytes, KV, tenant)
-        kv = self.mem.kv.setdefault(tenant, [0.0] * len(self._on))
-        for d in devs:
-            kv[d] += nbytes
+        self.mem.hold_kv(tenant, devs, nbytes)
         return None
 
     def free_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
         devs = (devices,) if isinstance(devices, int) else tuple(devices)
-        kv = self.mem.kv.get(tenant)
-        if kv is None or any(kv[d] < nbytes for d in devs):
-            raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {devs}")
-        for d in devs:
-            kv[d] -= nbytes
+        self.mem.release_kv(tenant, devs, nbytes)
         self.mem.free(devs, nbytes, KV, self.now)
 
     def retire(self, key: int) -> IterationGraph:

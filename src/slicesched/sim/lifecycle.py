@@ -35,20 +35,14 @@ class MemoryMixin:
         if oom is not None:
             self._report(oom)
             return oom
-        kv = self.mem.kv.setdefault(tenant, [0.0] * len(self._free))
-        for d in devs:
-            kv[d] += nbytes
+        self.mem.hold_kv(tenant, devs, nbytes)
         self._push(self._take_deferred())
         return None
 
     def free_kv(self: Any, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
         devs = (devices,) if isinstance(devices, int) else tuple(devices)
-        kv = self.mem.kv.get(tenant)
-        if kv is None or any(kv[d] < nbytes for d in devs):
-            raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {devs}")
+        self.mem.release_kv(tenant, devs, nbytes)
         self._external()
-        for d in devs:
-            kv[d] -= nbytes
         self.mem.free(devs, nbytes, KV, self.now)
         self._push(self._take_deferred())
 

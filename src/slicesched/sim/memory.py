@@ -120,6 +120,21 @@ class MemoryLedger:
                     self.log.append((self.stamp, now, d, cat, nbytes, u))
         return None
 
+    def hold_kv(self, tenant: str, devices: Sequence[int], nbytes: float) -> None:
+        """Count `nbytes` of KV on each device as `tenant`'s (after a KV allocation succeeded)."""
+        kv = self.kv.setdefault(tenant, [0.0] * len(self.cap))
+        for d in devices:
+            kv[d] += nbytes
+
+    def release_kv(self, tenant: str, devices: Sequence[int], nbytes: float) -> None:
+        """Stop counting `nbytes` of KV on each device as `tenant`'s (before the bytes are freed);
+        more than it holds is an error."""
+        kv = self.kv.get(tenant)
+        if kv is None or any(kv[d] < nbytes for d in devices):
+            raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {tuple(devices)}")
+        for d in devices:
+            kv[d] -= nbytes
+
     def free(self, devices: Sequence[int], nbytes: float, cat: int, now: float) -> None:
         if nbytes:
             self._apply(devices, -nbytes, cat, now)
