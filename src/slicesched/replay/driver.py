@@ -28,10 +28,11 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.cost import CostModel, make_cost_model
-from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, SliceState, build_iteration
+from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, build_iteration
 from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
+from slicesched.replay.attribution import AttributionMixin
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.replay.loans import LoansMixin, StagedLease
 from slicesched.replay.moves import MovesMixin
@@ -83,7 +84,7 @@ class RunResult:
     window_s: float = 0.0  # the arrival window: throughputs divide by it (DESIGN.md 5)
 
 
-class ReplayDriver(LoansMixin, MovesMixin):
+class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
     """Replays one trace through one scheduler on the simulated cluster of a scenario."""
 
     def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
@@ -242,11 +243,9 @@ class ReplayDriver(LoansMixin, MovesMixin):
         """Replay the trace. On the iteration lane, a replay the lane can no longer vouch for
         (`LaneUnsafe`: an OOM could have happened) starts again from the beginning on the
         simulator, as this driver would have been built with `lane=False`."""
-        if self._lane is None:
-            return self._run(progress)
         try:
             return self._run(progress)
-        except LaneUnsafe:
+        except LaneUnsafe:  # raised by the lane alone
             args, kwargs = self._init_args
             self.__init__(*args, **kwargs, lane=False)  # type: ignore[misc]  # a fresh replay
             return self._run(progress)
@@ -482,55 +481,6 @@ class ReplayDriver(LoansMixin, MovesMixin):
             else:
                 self._finish_drain(rs, t)
         return rs
-
-    def _attribute_key(self, key: int, tally: dict[str, np.ndarray] | None = None, finished: bool = True) -> None:
-        """`_attribute` of iteration `key`, from the GMG or, on the lane, from the lane."""
-        if self._lane is None:
-            self._attribute(self.gmg.iterations[key], tally, finished)
-            return
-        tenant, group, secs = self._lane.busy_seconds(key, finished)
-        acc = (self._group_busy if tally is None else tally).get(tenant)
-        if acc is not None and group < len(acc):
-            acc[group] += secs  # what adding the one-group array below does
-            return
-        by_group = np.zeros(group + 1)
-        by_group[group] = secs
-        self._add_seconds(tenant, by_group, tally)
-
-    def _attribute(self, it, tally: dict[str, np.ndarray] | None = None, finished: bool = True) -> None:
-        """Add the compute seconds of an iteration's done slices (`it`: a GMG live iteration, its
-        rows not yet reused; `finished`: all of them done) to its tenant's tally per device
-        group: the harvest metric needs each slice's tenant, which the GMG forgets at retirement.
-        Runs once per iteration, so a handful of numpy calls on views of the ring columns."""
-        gmg, n = self.gmg, it.graph.num_slices
-        idx = gmg.rows(it.base, n)
-        # a finished iteration's rows are final: read them as written, not settling the whole GMG
-        col = gmg.raw if finished else gmg.col
-        groups, start, end = col("group")[idx], col("start_t")[idx], col("end_t")[idx]
-        if not finished:
-            done = gmg.col("state")[idx] == SliceState.DONE
-            groups, start, end = groups[done], start[done], end[done]
-        self._add_seconds(it.graph.tenant, np.bincount(groups, end - start), tally)
-
-    def _add_seconds(self, tenant: str, secs: np.ndarray, tally: dict[str, np.ndarray] | None) -> None:
-        """Add per-group compute seconds `secs` to the tenant's tally."""
-        tally = self._group_busy if tally is None else tally
-        acc = tally.get(tenant)
-        if acc is None or len(acc) < len(secs):
-            acc = tally[tenant] = np.pad(np.zeros(0) if acc is None else acc, (0, len(secs) - (0 if acc is None else len(acc))))
-        acc[:len(secs)] += secs
-
-    def _tenant_busy(self) -> dict[int, dict[str, float]]:
-        """Per device, compute seconds per tenant: retired iterations, and live ones' done slices."""
-        tally = {t: acc.copy() for t, acc in self._group_busy.items()}
-        for key in (self.gmg.iterations if self._lane is None else self._lane.live_keys()):
-            self._attribute_key(key, tally, finished=False)
-        out: dict[int, dict[str, float]] = {d: {} for d in range(self.cluster.num_devices)}
-        for t, acc in tally.items():
-            for gid in np.flatnonzero(acc):
-                for d in self.cluster.group(int(gid)):
-                    out[d][t] = out[d].get(t, 0.0) + float(acc[gid])
-        return out
 
     def _charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:
         """Bring the KV bytes charged to `devices` from `charged` to `target`; False after an
