@@ -106,8 +106,8 @@ def test_capacity_run_on_a_real_replay_is_below_the_roofline_and_deterministic(t
 def test_a_hopeless_replay_stops_early_with_a_violation_rate_above_the_stop(tiny):
     from slicesched.replay.experiment import RunSpec, run_one
 
-    full = run_one(tiny, RunSpec("dedicated", 40.0, detail=False))
-    cut = run_one(tiny, RunSpec("dedicated", 40.0, detail=False, stop_above=0.27))
+    full = run_one(tiny, RunSpec("dedicated", 60.0, detail=False))
+    cut = run_one(tiny, RunSpec("dedicated", 60.0, detail=False, stop_above=0.27))
     assert not full.stopped_early and cut.stopped_early
     assert cut.violation_rate > 0.27 and full.violation_rate > 0.27
     assert cut.makespan_s < 0.75 * full.makespan_s

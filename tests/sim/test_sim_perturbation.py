@@ -1,4 +1,5 @@
-"""The perturbation's precomputed seeding gives exactly numpy's `default_rng((seed, key, tag))`."""
+"""The replay's noise: a pure function of (seed, iteration key, variant, op), lognormal with
+mean 1 and the asked coefficient of variation, read from a bank at an offset the key hashes to."""
 
 from __future__ import annotations
 
@@ -7,31 +8,45 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slicesched.sim import perturbation as P
+from slicesched.sim.perturbation import Perturbation
 
-U32 = st.integers(0, 2**32 - 1)
-
-
-@settings(max_examples=200, deadline=None)
-@given(seed=U32, key=st.one_of(st.integers(0, 4096), U32, st.integers(2**32, 2**40)), tag=U32)
-def test_seeded_draws_are_numpys(seed: int, key: int, tag: int) -> None:
-    ref = np.random.default_rng((seed, key, tag)).lognormal(-0.001, 0.05, 37)
-    assert (P._rng(seed, key, tag).lognormal(-0.001, 0.05, 37) == ref).all()
+V = (2, "A100-80GB", "nvlink3")
 
 
-@settings(max_examples=50, deadline=None)
-@given(words=st.lists(st.lists(U32, min_size=1, max_size=4), min_size=1, max_size=8))
-def test_block_states_match_seed_sequence(words: list[list[int]]) -> None:
-    w = min(len(r) for r in words)
-    rows = np.array([r[:w] for r in words], np.uint32)
-    got = P._block_states(rows)
-    for row, g in zip(rows, got):
-        assert (np.random.SeedSequence(tuple(int(x) for x in row)).generate_state(4, np.uint64) == g).all()
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), key=st.integers(0, 2**40), n=st.integers(1, 3000))
+def test_factors_are_a_pure_function_of_seed_key_and_variant(seed: int, key: int, n: int) -> None:
+    p = Perturbation(seed)
+    a = p.factors(key, V, n)
+    assert np.array_equal(a, Perturbation(seed).factors(key, V, n))
+    m = min(n, 10)
+    assert np.array_equal(a[:m], p.factors(key, V, 10)[:m])  # an op's factor is its own, whatever n
+    assert not np.array_equal(a, p.factors(key, (4, "A100-80GB", "nvlink3"), n))
 
 
-def test_a_different_hash_falls_back_to_numpy(monkeypatch) -> None:
-    """A numpy whose SeedSequence hashes otherwise is noticed per block, and numpy seeds itself."""
-    monkeypatch.setattr(P, "_BLOCKS", {})
-    monkeypatch.setattr(P, "_block_states", lambda w: np.zeros((len(w), 4), np.uint64))
-    ref = np.random.default_rng((3, 5000, 9)).lognormal(0.0, 0.1, 10)
-    assert (P._rng(3, 5000, 9).lognormal(0.0, 0.1, 10) == ref).all()
-    assert P._BLOCKS[(3, 9, 5000 // P._BLOCK)] is False
+def test_a_window_past_the_pad_wraps_around_the_bank() -> None:
+    p, n = Perturbation(7), P._PAD + 100
+    key = next(k for k in range(10_000) if P.bank_offset(k) > P.BANK - 50)
+    bank = P._bank(7, P._tag(V), p.duration_cv)[:P.BANK]
+    o = P.bank_offset(key)
+    assert np.array_equal(p.factors(key, V, n), np.concatenate([bank[o:], bank[:n - (P.BANK - o)]]))
+    assert np.array_equal(p.factors(key, V, 60), np.concatenate([bank[o:], bank[:60 - (P.BANK - o)]]))
+
+
+def test_nearby_keys_read_disjoint_factors() -> None:
+    """Keys live at once (tens of iterations apart) never share a factor among their first 1,024."""
+    for k0 in (0, 12_345, 2**31):
+        offsets = np.sort([P.bank_offset(k) for k in range(k0, k0 + 64)])
+        gaps = np.diff(np.append(offsets, offsets[0] + P.BANK))
+        assert gaps.min() >= 1024
+
+
+def test_factors_have_mean_one_and_the_asked_spread() -> None:
+    f = np.concatenate([Perturbation(3, duration_cv=0.1).factors(k, V, 500) for k in range(200)])
+    assert abs(f.mean() - 1) < 0.005 and abs(f.std() / f.mean() - 0.1) < 0.005
+
+
+def test_no_spread_leaves_durations_as_they_are() -> None:
+    d = np.linspace(1e-5, 1e-3, 50)
+    assert Perturbation(0, duration_cv=0.0).noisy(d, 5, V) is d
+    assert np.array_equal(Perturbation(0).noisy(d, 5, V), d * Perturbation(0).factors(5, V, 50))

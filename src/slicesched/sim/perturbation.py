@@ -5,11 +5,14 @@ every op duration by a lognormal factor with mean 1 (coefficient of variation `d
 and every slice by `1 + interference * k`, where k counts other work co-located on the slice's
 devices when it starts (slices on other streams and transfers into or out of those devices).
 
-Noise is drawn per (iteration, group variant) from a generator seeded by (seed, iteration key,
-variant), so a slice's noise does not depend on the order in which the simulator met it. Seeding
-is numpy's `SeedSequence` hash, computed for a block of consecutive keys at once (`_block_states`,
-checked against numpy's own on every block): a replay seeds once per iteration, and numpy's
-per-call seeding cost more than the draws themselves.
+Noise is a pure function of (seed, iteration key, group variant, op), so a slice's noise does
+not depend on the order in which the simulator met it. The factors come from a bank drawn once
+per (seed, variant, cv): iteration `key` reads the consecutive factors from an offset its key
+hashes to (Fibonacci hashing spreads consecutive keys across the bank). Each op's factor is a
+draw of the lognormal; two iterations share factors only where their windows overlap (with
+~500 ops per iteration, about 0.4% of pairs, and then shifted). A replay times hundreds of
+thousands of iterations, and seeding a generator and drawing per iteration cost more than the
+rest of timing one.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numpy.random.bit_generator import ISeedSequence
 
 from slicesched.sim.timing import SliceTiming, Variant
 
-
-_Generator, _PCG64, _SeedSequence = np.random.Generator, np.random.PCG64, np.random.SeedSequence
-_U32 = 1 << 32
-_BLOCK = 1024  # keys seeded at once
+BANK_BITS = 18  # 262,144 factors (2 MiB) per (seed, variant, cv)
+BANK = 1 << BANK_BITS
+_PAD = 4096  # the bank's first factors again after its end: a window of up to this many ops is a view
+_FIB = 0x9E3779B97F4A7C15  # 2**64 / golden ratio, odd
+_M64 = (1 << 64) - 1
 
 
 @lru_cache(maxsize=64)
@@ -39,6 +42,22 @@ def _lognormal(cv: float) -> tuple[float, float]:
 @lru_cache(maxsize=1024)
 def _tag(variant: Variant) -> int:
     return zlib.crc32(repr(variant).encode())
+
+
+@lru_cache(maxsize=16)
+def _bank(seed: int, tag: int, cv: float) -> np.ndarray:
+    """BANK factors, then their first _PAD again (read-only)."""
+    mean, sigma = _lognormal(cv)
+    f = np.empty(BANK + _PAD)
+    f[:BANK] = np.random.default_rng((seed, tag)).lognormal(mean, sigma, BANK)
+    f[BANK:] = f[:_PAD]
+    f.flags.writeable = False
+    return f
+
+
+def bank_offset(key: int) -> int:
+    """Where iteration `key`'s factors start in the bank."""
+    return ((key * _FIB) & _M64) >> (64 - BANK_BITS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,82 +82,14 @@ class Perturbation:
         """Op durations `op_dur` of iteration `key` on `variant`, each times its seeded factor."""
         if self.duration_cv == 0:
             return op_dur
-        mean, sigma = _lognormal(self.duration_cv)
-        return op_dur * _rng(self.seed, key, _tag(variant)).lognormal(mean, sigma, len(op_dur))
+        return op_dur * self.factors(key, variant, len(op_dur))
+
+    def factors(self, key: int, variant: Variant, n: int) -> np.ndarray:
+        """The noise factors of the first n ops of iteration `key` on `variant`."""
+        bank, o = _bank(self.seed, _tag(variant), self.duration_cv), bank_offset(key)
+        if n <= _PAD:
+            return bank[o: o + n]
+        return bank[:BANK].take(np.arange(o, o + n), mode="wrap")
 
     def slowdown(self, co_located: int) -> float:
         return 1.0 + self.interference * co_located
-
-
-def _rng(seed: int, key: int, tag: int) -> np.random.Generator:
-    """= np.random.default_rng((seed, key, tag)), its seed taken from a precomputed block."""
-    if not (0 <= seed < _U32 and 0 <= key < _U32):  # more than one word each: numpy's own path
-        return _Generator(_PCG64((seed, key, tag)))
-    block = _BLOCKS.get((seed, tag, key // _BLOCK))
-    if block is None:
-        block = _new_block(seed, tag, key // _BLOCK)
-    if block is False:  # numpy's SeedSequence is not the hash below (another numpy version)
-        return _Generator(_PCG64((seed, key, tag)))
-    return _Generator(_PCG64(_Seeded(block[key % _BLOCK], (seed, key, tag))))
-
-
-class _Seeded(ISeedSequence):
-    """A seed sequence whose PCG64 state words are already known (the rest asks numpy's)."""
-
-    __slots__ = ("words", "entropy")
-
-    def __init__(self, words: np.ndarray, entropy: tuple[int, int, int]) -> None:
-        self.words, self.entropy = words, entropy
-
-    def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
-        if n_words == 4 and np.dtype(dtype) == np.uint64:  # what PCG64 asks for
-            return self.words
-        return _SeedSequence(self.entropy).generate_state(n_words, dtype)
-
-
-_BLOCKS: dict[tuple[int, int, int], np.ndarray | bool] = {}
-
-
-def _new_block(seed: int, tag: int, b: int) -> np.ndarray | bool:
-    """The state words of keys b*_BLOCK.. (False if numpy hashes differently: checked on the
-    block's first and last key, every block)."""
-    if len(_BLOCKS) >= 16:
-        _BLOCKS.clear()
-    keys = np.arange(b * _BLOCK, (b + 1) * _BLOCK, dtype=np.uint64).astype(np.uint32)
-    words = np.stack([np.full(_BLOCK, seed, np.uint32), keys, np.full(_BLOCK, tag, np.uint32)], 1)
-    st = _block_states(words)
-    ok = all((_SeedSequence((seed, int(keys[i]), tag)).generate_state(4, np.uint64) == st[i]).all() for i in (0, -1))
-    _BLOCKS[(seed, tag, b)] = st if ok else False
-    return _BLOCKS[(seed, tag, b)]
-
-
-# numpy's SeedSequence (pool of 4 words; bit_generator.pyx), vectorized over rows of entropy
-_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R, _M32 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF
-
-
-def _block_states(words: np.ndarray) -> np.ndarray:
-    """uint64 [n, 4]: `SeedSequence(row).generate_state(4, np.uint64)` of every row of uint32
-    entropy words (at most 4 per row; uint32 arithmetic wraps as the C code's does)."""
-    n, w = words.shape
-    u, h = np.uint32, [_INIT_A]
-
-    def hashmix(v: np.ndarray) -> np.ndarray:
-        v = v ^ u(h[0])
-        h[0] = (h[0] * _MULT_A) & _M32
-        v = v * u(h[0])
-        return v ^ (v >> u(16))
-
-    pool = [hashmix(words[:, i] if i < w else np.zeros(n, u)) for i in range(4)]
-    for src in range(4):
-        for dst in range(4):
-            if src != dst:
-                r = u(_MIX_L) * pool[dst] - u(_MIX_R) * hashmix(pool[src])
-                pool[dst] = r ^ (r >> u(16))
-    out, hb = np.empty((n, 8), u), _INIT_B
-    for i in range(8):
-        v = pool[i % 4] ^ u(hb)
-        hb = (hb * _MULT_B) & _M32
-        v = v * u(hb)
-        out[:, i] = v ^ (v >> u(16))
-    return out.view(np.uint64)
