@@ -177,3 +177,18 @@ def test_pricing_each_distinct_op_once_gives_every_ops_time(model, tp, decodes, 
     assert g.rows is not None and len(g.rows.kind) < g.num_ops
     by_rows = cm.op_times(g, dev, LINKS["nvlink3"])
     assert np.array_equal(by_rows, cm.op_times(dataclasses.replace(g, rows=None), dev, LINKS["nvlink3"]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(model=st.sampled_from(["llama-2-70b", "mixtral-8x7b", "gpt2"]), tp=st.sampled_from([1, 2]),
+       steps=st.lists(st.tuples(st.integers(1, 8), st.integers(0, 300), st.integers(0, 3000)), min_size=2, max_size=12),
+       device=st.sampled_from(["A100-80GB", "L40S"]))
+def test_rows_priced_from_the_last_at_the_same_totals_are_priced_afresh(model, tp, steps, device):
+    """Successive iterations at the same batch totals reprice only the rows whose numbers
+    changed (`_row_times`): the same times as pricing every op of each from scratch."""
+    cm, dev, link = RooflineCostModel(), DEVICES[device], LINKS["nvlink3"]
+    for seqs, prefill, context in steps:
+        new = np.array([prefill + 1] + [1] * (seqs - 1), np.int64)
+        ctx = np.arange(seqs, dtype=np.int64) * 7 + context  # contexts grow as decode steps run
+        g = build_iteration(model_spec(model), BatchShape(new, ctx, seqs), tp)
+        assert np.array_equal(cm.op_times(g, dev, link), cm.op_times(dataclasses.replace(g, rows=None), dev, link))

@@ -15,7 +15,7 @@ element-wise op's operands were just written by the kernel before it: up to half
 Every kernel has a fixed floor instead of a blanket launch overhead: a few microseconds for
 element-wise work (`DeviceSpec.launch_overhead_s`; twice that for a norm, a block reduction),
 more for GEMMs and attention, ~50 us for an NCCL all-reduce. A GEMM whose weights give each SM
-only a few KB computes longer (`_fill_ramp`).
+only a few KB computes longer (`_roofline`).
 
 The defaults are read off Vidur's published A100 and A40 profiles (`../shared/profiles/vidur/`,
 scored by `benchmarks/fidelity.py`; one constant serves both devices, in data-sheet units):
@@ -27,7 +27,10 @@ these where profiles exist.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -81,45 +84,86 @@ class RooflineCostModel:
     def op_times(self, graph: IterationGraph, device: DeviceSpec, group_link: LinkSpec) -> np.ndarray:
         r = graph.rows
         if r is not None:  # each distinct op priced once (every layer repeats its numbers): the same times
-            return self._times(r, graph.shape, graph.tp, device, group_link).take(r.gather)
+            return self._row_times(r, graph.shape, graph.tp, device, group_link).take(r.gather)
         return self._times(graph, graph.shape, graph.tp, device, group_link)
+
+    def _row_times(self, r: OpRows, shape: BatchShape, tp: int, device: DeviceSpec, link: LinkSpec) -> np.ndarray:
+        """`_times` of an iteration's distinct ops, from the last rows priced at the same batch
+        totals where it can: a row's time depends on its own numbers, kind and those totals
+        alone, so only the rows whose numbers changed are priced (one by one; a replay's
+        successive iterations differ in attention alone, and a vectorized call costs ~30
+        numpy calls whatever the rows). Read-only: callers gather from it."""
+        key = (id(self), id(r.kind), id(device), id(link), tp, shape.num_tokens, shape.logits_seqs, shape.all_decode)
+        hit = _ROW_MEMO.get(key)
+        if hit is not None and hit[0] is self and hit[1] is r.kind and hit[2] is device and hit[3] is link:
+            changed = np.flatnonzero(_ANY(r.numbers != hit[4], axis=0)).tolist()
+            if len(changed) <= REPRICE_ONE_BY_ONE:
+                t = hit[5].copy()
+                for i in changed:
+                    t[i] = self._one_time(r, i, shape, tp, device, link)
+                return self._remember(key, hit[:4], r, t)
+        if not r.kind.flags.writeable:  # a builder template's kinds: worth remembering
+            return self._remember(key, (self, r.kind, device, link), r, self._times(r, shape, tp, device, link))
+        return self._times(r, shape, tp, device, link)
+
+    @staticmethod
+    def _remember(key: tuple, ids: tuple, r: OpRows, t: np.ndarray) -> np.ndarray:
+        if len(_ROW_MEMO) >= 4096:
+            _ROW_MEMO.clear()
+        t.flags.writeable = False
+        _ROW_MEMO[key] = (*ids, r.numbers, t)  # keeps the objects alive: their ids stay theirs
+        return t
+
+    def _compute_effs(self, shape: BatchShape) -> list[float]:
+        """Compute efficiency by class (`_KindTables.code`): element-wise work runs on CUDA
+        cores; GEMMs ramp with their rows; the LM head with the sequences it computes logits
+        for; attention."""
+        rows, seqs = float(max(shape.num_tokens, 1)), shape.logits_seqs
+        return [0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
+                self.gemm_peak_eff * seqs / (seqs + self.gemm_half_rows),
+                self.attn_decode_compute_eff if shape.all_decode else self.attn_compute_eff]
 
     def _times(self, graph: "IterationGraph | OpRows", shape: BatchShape, tp: int, device: DeviceSpec,
                group_link: LinkSpec) -> np.ndarray:
         """Every op's time from its own numbers (each op alone: element-wise throughout) and the
         batch's shape; `graph` holds the per-op arrays (an iteration's, or its distinct rows)."""
         k = self._per_kind(graph.kind, device)
-        rows = float(max(shape.num_tokens, 1))
-        seqs = shape.logits_seqs
-        decode = not _ANY(shape.new_tokens > 1)  # all <= 1 (ufunc: no Python wrapper)
-        # compute efficiency by `code`: element-wise work runs on CUDA cores; GEMMs ramp with
-        # their rows; the LM head with the sequences it computes logits for; attention
-        compute_eff = np.array([0.25, self.gemm_peak_eff * rows / (rows + self.gemm_half_rows),
-                                self.gemm_peak_eff * seqs / (seqs + self.gemm_half_rows),
-                                self.attn_decode_compute_eff if decode else self.attn_compute_eff]).take(k.code)
-        t_compute = graph.flops / (device.peak_flops * compute_eff)
-        moved = graph.bytes_read + graph.bytes_written
-        t_mem = moved * k.inv_bandwidth
-        if k.l2_cap is not None:  # what is read from L2 costs l2_gain less per byte
-            t_mem -= np.minimum(moved, k.l2_cap) * k.l2_gain
-        if device.sm_count > 0:
-            # the matrix a GEMM streams: its weights, or for a head tied to the embedding (whose
-            # weights are the embedding block's) the bytes it reads, the table included
-            matrix = np.where(graph.weight_bytes > 0, graph.weight_bytes, graph.bytes_read)
-            t_compute *= self._fill_ramp(matrix, k, device)
-        t = np.sqrt(t_compute * t_compute + t_mem * t_mem)  # np.hypot is ~5x slower here
-        t += k.floor
+        eff = np.array(self._compute_effs(shape)).take(k.code)
+        t = self._roofline(graph.flops, graph.bytes_read, graph.bytes_written, graph.weight_bytes, eff,
+                           k.inv_bandwidth, k.l2_cap, k.l2_gain, k.half_weight, k.floor, device, _ARRAYS)
         comm = graph.comm_bytes > 0
         if _ANY(comm):
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], tp, group_link)
         return t
 
+    def _one_time(self, r: OpRows, i: int, shape: BatchShape, tp: int, device: DeviceSpec, link: LinkSpec) -> float:
+        """`_times` of row i alone, in Python floats: the same operations in the same order, so
+        the same number (IEEE arithmetic and square roots round alike in numpy and Python)."""
+        k = self._per_kind(r.kind, device)
+        code, inv_bw, l2_cap, l2_gain, half_w, floor = k.per_op[i]
+        comm = float(r.comm_bytes[i])
+        if comm > 0:
+            return self.allreduce_time(comm, tp, link)
+        return self._roofline(float(r.flops[i]), float(r.bytes_read[i]), float(r.bytes_written[i]),
+                              float(r.weight_bytes[i]), self._compute_effs(shape)[code], inv_bw, l2_cap,
+                              l2_gain, half_w, floor, device, _FLOATS)
+
     @staticmethod
-    def _fill_ramp(weight_bytes: np.ndarray, k: "_KindTables", device: DeviceSpec) -> np.ndarray:
-        """How much longer a GEMM computes because its weights, shared out among the SMs, leave
-        some idle: (share + half) / share, share = weight bytes per SM; 1 for other ops (priced
-        for every op: cheaper than gathering the GEMMs)."""
-        return 1.0 + k.half_weight / np.maximum(weight_bytes, float(device.sm_count))
+    def _roofline(flops, read, written, weights, eff, inv_bw, l2_cap, l2_gain, half_w, floor,
+                  device: DeviceSpec, m: "_Elementwise"):
+        """The roofline of ops given as arrays (m = _ARRAYS) or of one op as floats (_FLOATS)."""
+        t_compute = flops / (device.peak_flops * eff)
+        moved = read + written
+        t_mem = moved * inv_bw
+        if l2_cap is not None:  # what is read from L2 costs l2_gain less per byte
+            t_mem = t_mem - m.minimum(moved, l2_cap) * l2_gain
+        if device.sm_count > 0:
+            # the matrix a GEMM streams: its weights, or for a head tied to the embedding (whose
+            # weights are the embedding block's) the bytes it reads, the table included; weights
+            # shared out among the SMs leave some idle: (share + half) / share, 1 for other ops
+            matrix = m.where(weights > 0, weights, read)
+            t_compute = t_compute * (1.0 + half_w / m.maximum(matrix, float(device.sm_count)))
+        return m.sqrt(t_compute * t_compute + t_mem * t_mem) + floor  # np.hypot is ~5x slower here
 
     def _per_kind(self, kind: np.ndarray, device: DeviceSpec) -> "_KindTables":
         """What depends on the op kinds alone: efficiency class (0 element-wise, 1 GEMM, 2 LM
@@ -150,7 +194,12 @@ class RooflineCostModel:
         floor[attn] = max(self.attn_floor_s, device.launch_overhead_s)
         gemm = (code == 1) | (code == 2)
         half_weight = np.where(gemm, self.gemm_half_weight_per_sm * device.sm_count, 0.0)
-        out = _KindTables(code, 1.0 / bandwidth, floor, half_weight, l2_cap, l2_gain)
+        inv = 1.0 / bandwidth
+        per_op = None
+        if not kind.flags.writeable:  # cached below: `_one_time` reads its ops as floats
+            l2 = (l2_cap.tolist(), l2_gain.tolist()) if l2_cap is not None else ([None] * len(kind),) * 2
+            per_op = list(zip(code.tolist(), inv.tolist(), *l2, half_weight.tolist(), floor.tolist()))
+        out = _KindTables(code, inv, floor, half_weight, l2_cap, l2_gain, per_op)
         if not kind.flags.writeable:
             if len(_PER_KIND) > 256:
                 _PER_KIND.clear()
@@ -187,10 +236,26 @@ class _KindTables:
     half_weight: np.ndarray  # gemm_half_weight_per_sm x SMs for GEMMs, 0 elsewhere
     l2_cap: np.ndarray | None  # bytes read from L2 at most (None: no L2 modelled)
     l2_gain: np.ndarray | None  # seconds per byte saved on what is read from L2
+    per_op: list[tuple] | None  # (cached tables) per op as floats: (code, inv_bandwidth, l2_cap, l2_gain, half_weight, floor)
+
+
+class _Elementwise(NamedTuple):
+    """The operations `RooflineCostModel._roofline` needs beyond arithmetic."""
+
+    minimum: Callable
+    maximum: Callable
+    where: Callable
+    sqrt: Callable
+
+
+_ARRAYS = _Elementwise(np.minimum, np.maximum, np.where, np.sqrt)
+_FLOATS = _Elementwise(min, max, lambda c, a, b: a if c else b, math.sqrt)
+REPRICE_ONE_BY_ONE = 4  # rows changed since the last pricing at the same totals, priced as floats
 
 
 _LOOKUPS: dict[float, tuple[np.ndarray, ...]] = {}
 _PER_KIND: dict[tuple[int, int, int], tuple] = {}  # see RooflineCostModel._per_kind
+_ROW_MEMO: dict[tuple, tuple] = {}  # see RooflineCostModel._row_times
 
 
 def _lookups(default: float) -> tuple[np.ndarray, ...]:

@@ -172,7 +172,7 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
     v = v.reshape(8, -1)
     v[1] += v[7]  # bytes read: activations and KV, plus the weights read
     flops, read, written, weights, out, kv, comm = v[:7].take(t.gather, axis=1)
-    distinct = OpRows(t.gather, t.row_kind, v[0], v[1], v[2], v[3], v[6])
+    distinct = OpRows(t.gather, t.row_kind, v[0], v[1], v[2], v[3], v[6], v)
     shapes = ()
     if with_shapes:
         rows = _all_rows(m, tp, c)

@@ -21,6 +21,7 @@ import numpy as np
 
 
 _SUM = np.add.reduce  # `.sum()` without its Python wrapper: a batch's counts are read per build
+_MAX = np.maximum.reduce
 
 
 class OpKind(IntEnum):
@@ -56,11 +57,25 @@ class Grain(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class BatchShape:
-    """What the graph builder needs of a batch: per sequence, new tokens and prior context."""
+    """What the graph builder needs of a batch: per sequence, new tokens and prior context.
+    Its totals are summed once here: the builder and the cost model read them per iteration."""
 
     new_tokens: np.ndarray  # int64 [num_seqs]
     context_lens: np.ndarray  # int64 [num_seqs], tokens already in the KV cache
     logits_seqs: int  # sequences that produce a token this iteration
+    num_tokens: int = field(init=False, repr=False, compare=False)
+    all_decode: bool = field(init=False, repr=False, compare=False)  # no sequence adds more than one token
+    _keys: int = field(init=False, repr=False, compare=False)
+    _kv_read: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n, c = self.new_tokens, self.context_lens
+        tokens, context = int(_SUM(n)), int(_SUM(c))
+        decode = int(_MAX(n, initial=0)) <= 1
+        # causal: a query token at position p attends to p + 1 keys (all steps of one token: context + 1)
+        keys = context + tokens if decode and tokens == len(n) else int(_SUM(n * c + n * (n + 1) // 2))
+        for name, v in (("num_tokens", tokens), ("all_decode", decode), ("_keys", keys), ("_kv_read", tokens + context)):
+            object.__setattr__(self, name, v)
 
     @classmethod
     def decode(cls, batch: int, context: int) -> "BatchShape":
@@ -73,20 +88,15 @@ class BatchShape:
         return cls(per, np.zeros(seqs, np.int64), seqs)
 
     @property
-    def num_tokens(self) -> int:
-        return int(_SUM(self.new_tokens))
-
-    @property
     def num_seqs(self) -> int:
         return len(self.new_tokens)
 
     def attended_keys(self) -> int:
         """Sum over all query tokens of the keys each attends to (causal)."""
-        n, c = self.new_tokens, self.context_lens
-        return int(_SUM(n * c + n * (n + 1) // 2))
+        return self._keys
 
     def kv_tokens_read(self) -> int:
-        return int(_SUM(self.new_tokens + self.context_lens))
+        return self._kv_read
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,7 @@ class OpRows:
     bytes_written: np.ndarray
     weight_bytes: np.ndarray
     comm_bytes: np.ndarray
+    numbers: np.ndarray  # 2-D, every number of every row (the arrays above are rows of it)
 
 
 @dataclass(frozen=True, slots=True)

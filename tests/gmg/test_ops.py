@@ -1,0 +1,24 @@
+"""A batch shape's totals, summed once when it is made, are the sums over its sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slicesched.gmg import BatchShape
+
+
+@settings(max_examples=200, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(0, 600), st.integers(0, 5000)), max_size=40),
+       decode=st.booleans())
+def test_totals_are_the_sums_over_sequences(seqs: list[tuple[int, int]], decode: bool) -> None:
+    if decode:  # the one-token steps the fast path sums
+        seqs = [(1, c) for _, c in seqs]
+    new = np.array([n for n, _ in seqs], np.int64)
+    ctx = np.array([c for _, c in seqs], np.int64)
+    s = BatchShape(new, ctx, len(seqs))
+    assert s.num_tokens == sum(n for n, _ in seqs)
+    assert s.attended_keys() == sum(n * c + n * (n + 1) // 2 for n, c in seqs)
+    assert s.kv_tokens_read() == sum(n + c for n, c in seqs)
+    assert s.all_decode == all(n <= 1 for n, _ in seqs)
