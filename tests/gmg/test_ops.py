@@ -22,3 +22,26 @@ def test_totals_are_the_sums_over_sequences(seqs: list[tuple[int, int]], decode:
     assert s.attended_keys() == sum(n * c + n * (n + 1) // 2 for n, c in seqs)
     assert s.kv_tokens_read() == sum(n + c for n, c in seqs)
     assert s.all_decode == all(n <= 1 for n, _ in seqs)
+
+
+def test_a_gathered_graph_reads_its_numbers_from_its_rows_once() -> None:
+    import dataclasses
+    import pickle
+
+    import pytest
+
+    from slicesched.gmg import build_iteration
+    from slicesched.gmg.ops import GATHERED
+    from slicesched.models.spec import model_spec
+
+    g = build_iteration(model_spec("llama-2-7b"), BatchShape.decode(4, 100), 1)
+    first = g.flops
+    assert first is g.flops  # read once, then kept
+    assert np.array_equal(first, g.rows.flops.take(g.rows.gather))
+    for other in (dataclasses.replace(g), pickle.loads(pickle.dumps(g))):  # every number carried
+        for name in GATHERED:
+            assert np.array_equal(getattr(other, name), getattr(g, name)), name
+    with pytest.raises(AttributeError):
+        g.no_such_field  # noqa: B018
+    with pytest.raises(TypeError, match="needs 'iteration'"):
+        type(g).gathered(tenant="t")

@@ -171,18 +171,17 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
         v += c.touched * t.touched  # float(integer part) + touched * bytes, as the row computes it
     v = v.reshape(8, -1)
     v[1] += v[7]  # bytes read: activations and KV, plus the weights read
-    flops, read, written, weights, out, kv, comm = v[:7].take(t.gather, axis=1)
     distinct = OpRows(t.gather, t.row_kind, v[0], v[1], v[2], v[3], v[6], v)
     shapes = ()
     if with_shapes:
         rows = _all_rows(m, tp, c)
         shapes = tuple(rows[i].shape for i in t.gather)
-    return IterationGraph(tenant, iteration, m.name, tp, shape, grain, t.kind, t.layer, flops=flops,
-                          bytes_read=read, bytes_written=written, weight_bytes=weights, out_bytes=out,
-                          kv_write_bytes=kv, comm_bytes=comm, wblock=t.wblock, slice_of=t.slice_of,
-                          edge_src=t.edge_src, edge_dst=t.edge_dst, slice_first=t.slice_first,
-                          slice_count=t.slice_count, shapes=shapes, slice_dep_src=t.dep_src,
-                          slice_dep_dst=t.dep_dst, rows=distinct)
+    # per-op numbers are gathered from the rows when read (`IterationGraph.gathered`)
+    return IterationGraph.gathered(tenant=tenant, iteration=iteration, model=m.name, tp=tp, shape=shape,
+                                   grain=grain, kind=t.kind, layer=t.layer, wblock=t.wblock, slice_of=t.slice_of,
+                                   edge_src=t.edge_src, edge_dst=t.edge_dst, slice_first=t.slice_first,
+                                   slice_count=t.slice_count, shapes=shapes, slice_dep_src=t.dep_src,
+                                   slice_dep_dst=t.dep_dst, rows=distinct)
 
 
 @dataclass(frozen=True, slots=True)

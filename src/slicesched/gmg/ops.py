@@ -14,7 +14,7 @@ Conventions shared by the analytic builder and graph capture (`gmg/capture.py`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import IntEnum
 
 import numpy as np
@@ -115,7 +115,12 @@ class OpRows:
 
 @dataclass(frozen=True, slots=True)
 class IterationGraph:
-    """The ops of one forward pass of one tenant's batch. Arrays are indexed by local op id."""
+    """The ops of one forward pass of one tenant's batch. Arrays are indexed by local op id.
+
+    A graph made by `gathered` (the builder's, a pipeline stage's) fills its per-op numbers
+    (`GATHERED`) on first read, from its distinct `rows` or its `whole`: a replay's lane prices
+    rows and never reads most of them, and gathering 7 columns of ~1,000 ops per iteration cost
+    more than the rest of building it."""
 
     tenant: str
     iteration: int
@@ -150,6 +155,37 @@ class IterationGraph:
     # a cost model that prices ops alone may price each once: None for graphs made otherwise.
     rows: "OpRows | None" = field(repr=False, default=None)
 
+    @classmethod
+    def gathered(cls, **fields: object) -> "IterationGraph":
+        """A graph whose `GATHERED` numbers are read from `rows` (or are views of `whole`'s) on
+        first use; every other field as for the constructor."""
+        g = object.__new__(cls)
+        for name, default in _NOT_GATHERED:
+            v = fields.pop(name, default)
+            if v is MISSING:
+                raise TypeError(f"IterationGraph.gathered() needs {name!r}")
+            object.__setattr__(g, name, v)
+        if fields:
+            raise TypeError(f"IterationGraph.gathered() got unexpected {sorted(fields)}")
+        if g.rows is None and g.whole is None:
+            raise TypeError("IterationGraph.gathered() needs rows or whole to gather from")
+        return g
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        """(Called only for a field not yet set: a gathered graph's number, read now.)"""
+        i = GATHERED.get(name)
+        if i is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        w = self.whole
+        if w is not None:
+            col = getattr(w, name)[self.op_lo: self.op_lo + len(self.kind)]
+        elif self.rows is not None:
+            col = self.rows.numbers[i].take(self.rows.gather)
+        else:
+            raise AttributeError(name)
+        object.__setattr__(self, name, col)
+        return col
+
     @property
     def num_ops(self) -> int:
         return len(self.kind)
@@ -179,3 +215,9 @@ class IterationGraph:
         L = int(self.layer.max())
         m = (self.layer >= 0) & (self.layer < L)
         return np.bincount(self.layer[m].astype(np.int64), weights=column[m], minlength=L)
+
+
+#: Per-op numbers of a gathered graph, and their row in `OpRows.numbers`.
+GATHERED = {"flops": 0, "bytes_read": 1, "bytes_written": 2, "weight_bytes": 3, "out_bytes": 4,
+            "kv_write_bytes": 5, "comm_bytes": 6}
+_NOT_GATHERED = tuple((f.name, f.default) for f in fields(IterationGraph) if f.name not in GATHERED)

@@ -95,14 +95,11 @@ def build_stages(m: ModelSpec, shape: BatchShape, tp: int, pp: int, grain: Grain
 
 
 def _stage(g: IterationGraph, c: _Cut) -> IterationGraph:
-    ops = slice(c.lo, c.hi)
-    return IterationGraph(g.tenant, g.iteration, g.model, g.tp, g.shape, g.grain, c.kind, c.layer,
-                          flops=g.flops[ops], bytes_read=g.bytes_read[ops], bytes_written=g.bytes_written[ops],
-                          weight_bytes=g.weight_bytes[ops], out_bytes=g.out_bytes[ops],
-                          kv_write_bytes=g.kv_write_bytes[ops], comm_bytes=g.comm_bytes[ops], wblock=c.wblock,
-                          slice_of=c.slice_of, edge_src=c.edge_src, edge_dst=c.edge_dst,
-                          slice_first=c.slice_first, slice_count=c.slice_count, shapes=g.shapes[ops],
-                          slice_dep_src=c.dep_src, slice_dep_dst=c.dep_dst, whole=g, op_lo=c.lo)
+    return IterationGraph.gathered(tenant=g.tenant, iteration=g.iteration, model=g.model, tp=g.tp, shape=g.shape,
+                                   grain=g.grain, kind=c.kind, layer=c.layer, wblock=c.wblock, slice_of=c.slice_of,
+                                   edge_src=c.edge_src, edge_dst=c.edge_dst, slice_first=c.slice_first,
+                                   slice_count=c.slice_count, shapes=g.shapes[c.lo:c.hi], slice_dep_src=c.dep_src,
+                                   slice_dep_dst=c.dep_dst, whole=g, op_lo=c.lo)
 
 
 def send_bytes(stage: IterationGraph) -> float:
