@@ -86,3 +86,11 @@ def test_one_stage_is_the_builders_graph_itself():
     whole = build_iteration(m, shape, 1, Grain.BLOCK)
     assert only.kind is whole.kind and only.slice_of is whole.slice_of  # the template's shared arrays
     assert np.array_equal(only.flops, whole.flops)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3])
+@pytest.mark.parametrize("shape", [BatchShape.decode(7, 300), BatchShape.prefill(700, 2)])
+def test_largest_output_from_the_rows_is_the_largest_of_the_ops(pp, shape):
+    """`max_out_bytes` reads the distinct rows a stage's ops use: the max of its own ops' outputs."""
+    for g in build_stages(model_spec("llama-3-8b"), shape, 2, pp):
+        assert g.max_out_bytes() == g.out_bytes.max()

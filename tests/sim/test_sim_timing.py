@@ -1,4 +1,5 @@
-"""A pipeline stage priced as a view of its whole iteration's op times has exactly its own times."""
+"""Op and slice timings: a pipeline stage priced as a view of its whole iteration's op times has
+exactly its own times; slice totals are differences of the running sum of op durations."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from slicesched.gmg import BatchShape, Grain
 from slicesched.gmg.stages import build_stages
 from slicesched.hardware import Cluster
 from slicesched.models.spec import model_spec
-from slicesched.sim.timing import TimingCache, group_variant
+from slicesched.sim.timing import TimingCache, group_variant, slice_sums
 
 M = model_spec("llama-2-7b")
 CLUSTER = Cluster.homogeneous("A100-80GB", 1, 8)
@@ -31,3 +32,22 @@ def test_stage_views_price_as_the_stages_alone(b, pp, tp, grain) -> None:
         np.testing.assert_array_equal(op_dur, COST.op_times(g, spec, link))
         assert op_dur.dtype == np.float64 and len(op_dur) == g.num_ops
     assert len(cache._wholes) == 1  # the whole iteration was priced once for all its stages
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=st.lists(st.integers(1, 9), min_size=1, max_size=40), gap=st.booleans(),
+       read_only=st.booleans(), seed=st.integers(0, 2**16))
+def test_slice_totals_are_differences_of_the_running_sum(counts, gap, read_only, seed) -> None:
+    """Chained slices (each starting where the last ended, cached for read-only arrays) and
+    any others give cum[first + count] - cum[first], bit for bit."""
+    count = np.array(counts, np.int32)
+    first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int32)
+    if gap:  # a slice that skips an op: not chained
+        first[-1] += 1
+    op_dur = np.random.default_rng(seed).lognormal(-9, 1, int(first[-1] + count[-1]))
+    if read_only:
+        first.flags.writeable = count.flags.writeable = False
+    for _ in range(2):  # the second call meets the cache
+        cum, per = slice_sums(op_dur, first, count)
+        assert np.array_equal(cum, np.concatenate([[0.0], np.cumsum(op_dur)]))
+        assert np.array_equal(per, cum[first + count] - cum[first])

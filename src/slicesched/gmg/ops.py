@@ -160,16 +160,26 @@ class IterationGraph:
         """A graph whose `GATHERED` numbers are read from `rows` (or are views of `whole`'s) on
         first use; every other field as for the constructor."""
         g = object.__new__(cls)
-        for name, default in _NOT_GATHERED:
-            v = fields.pop(name, default)
+        for name, default, put in _NOT_GATHERED:  # slot setters: the constructor's work, less its checks
+            v = fields.get(name, default)
             if v is MISSING:
                 raise TypeError(f"IterationGraph.gathered() needs {name!r}")
-            object.__setattr__(g, name, v)
-        if fields:
-            raise TypeError(f"IterationGraph.gathered() got unexpected {sorted(fields)}")
+            put(g, v)
+        if not fields.keys() <= _NOT_GATHERED_NAMES:
+            raise TypeError(f"IterationGraph.gathered() got unexpected {sorted(fields.keys() - _NOT_GATHERED_NAMES)}")
         if g.rows is None and g.whole is None:
             raise TypeError("IterationGraph.gathered() needs rows or whole to gather from")
         return g
+
+    def max_out_bytes(self) -> float:
+        """The largest output of an op (0 without ops), from the distinct rows its ops use when
+        it has them (its own, or its whole's): no per-op column is gathered for it."""
+        w = self.whole if self.whole is not None else self
+        r = w.rows
+        if r is None:
+            return float(_MAX(self.out_bytes, initial=0.0))
+        return float(_MAX(r.numbers[GATHERED["out_bytes"]].take(_rows_used(r.gather, self.op_lo, self.num_ops)),
+                          initial=0.0))
 
     def __getattr__(self, name: str) -> np.ndarray:
         """(Called only for a field not yet set: a gathered graph's number, read now.)"""
@@ -220,4 +230,21 @@ class IterationGraph:
 #: Per-op numbers of a gathered graph, and their row in `OpRows.numbers`.
 GATHERED = {"flops": 0, "bytes_read": 1, "bytes_written": 2, "weight_bytes": 3, "out_bytes": 4,
             "kv_write_bytes": 5, "comm_bytes": 6}
-_NOT_GATHERED = tuple((f.name, f.default) for f in fields(IterationGraph) if f.name not in GATHERED)
+_NOT_GATHERED = tuple((f.name, f.default, IterationGraph.__dict__[f.name].__set__)
+                      for f in fields(IterationGraph) if f.name not in GATHERED)
+_NOT_GATHERED_NAMES = frozenset(f[0] for f in _NOT_GATHERED)
+_ROWS_USED: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _rows_used(gather: np.ndarray, lo: int, n: int) -> np.ndarray:
+    """The distinct rows that ops lo..lo+n gather from (cached for a template's read-only gather)."""
+    key = (id(gather), lo, n)
+    hit = _ROWS_USED.get(key)
+    if hit is not None and hit[0] is gather:
+        return hit[1]
+    used = np.unique(gather[lo: lo + n])
+    if not gather.flags.writeable:
+        if len(_ROWS_USED) >= 1024:
+            _ROWS_USED.clear()
+        _ROWS_USED[key] = (gather, used)
+    return used

@@ -40,7 +40,6 @@ from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.timing import TimingCache, slice_sums
 
 INF = float("inf")
-_MAX = np.maximum.reduce  # `.max()` without its Python wrapper
 ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
 
 
@@ -101,7 +100,7 @@ class IterationLane:
                 raise LaneUnsafe(f"{graph.tenant}: device {d} already runs iteration {on[d]}")
         key = self._next_key
         self._next_key += 1
-        act = ACT_BOUND_OUTPUTS * float(_MAX(graph.out_bytes, initial=0.0))
+        act = ACT_BOUND_OUTPUTS * graph.max_out_bytes()
         held = self._act_held.get(home, 0.0)
         if act > held:  # held from now on: an iteration on the group needs no charge of its own
             self._alloc(devs, act - held, ACT, graph.tenant)

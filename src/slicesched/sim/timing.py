@@ -62,9 +62,32 @@ def slice_sums(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> tupl
     cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
     cum[0] = 0.0
     op_dur.cumsum(out=cum[1:])  # methods and ufuncs, not np.cumsum / .min(): no Python wrapper
+    bounds = _bounds(first, count)
+    if bounds is not None:  # slices one after another: each ends where the next starts
+        b = cum.take(bounds)
+        return cum, b[1:] - b[:-1]  # = cum[first + count] - cum[first], element for element
     per_slice = cum.take(first + count)
     per_slice -= cum.take(first)
     return cum, per_slice
+
+
+_BOUNDS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+
+
+def _bounds(first: np.ndarray, count: np.ndarray) -> np.ndarray | None:
+    """[first..., last end] when slices cover their ops one after another from op 0, else None;
+    cached for a template's read-only arrays (keyed by identity, kept alive by the cache)."""
+    hit = _BOUNDS.get(id(first))
+    if hit is not None and hit[0] is first and hit[1] is count:
+        return hit[2]
+    ends = first + count
+    chained = len(first) > 0 and first[0] == 0 and bool((first[1:] == ends[:-1]).all())
+    bounds = np.append(first, ends[-1]) if chained else None
+    if not first.flags.writeable and not count.flags.writeable:
+        if len(_BOUNDS) >= 1024:
+            _BOUNDS.clear()
+        _BOUNDS[id(first)] = (first, count, bounds)
+    return bounds
 
 
 def group_variant(cluster: Cluster, group: int) -> tuple[Variant, DeviceSpec, LinkSpec]:
