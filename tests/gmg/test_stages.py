@@ -94,3 +94,12 @@ def test_largest_output_from_the_rows_is_the_largest_of_the_ops(pp, shape):
     """`max_out_bytes` reads the distinct rows a stage's ops use: the max of its own ops' outputs."""
     for g in build_stages(model_spec("llama-3-8b"), shape, 2, pp):
         assert g.max_out_bytes() == g.out_bytes.max()
+
+
+def test_one_number_read_from_the_rows_is_the_ops():
+    """`number` reads an op's number from its distinct row, before and after its column is gathered."""
+    stages = build_stages(model_spec("llama-3-8b"), BatchShape.prefill(300), 2, 2)
+    for g in stages:
+        got = [g.number(name, i) for name in ("out_bytes", "flops") for i in (0, 5, -1)]
+        want = [float(getattr(g, name)[i]) for name in ("out_bytes", "flops") for i in (0, 5, -1)]
+        assert got == want and [g.number(n, i) for n in ("out_bytes", "flops") for i in (0, 5, -1)] == want

@@ -96,7 +96,7 @@ class RooflineCostModel:
         key = (id(self), id(r.kind), id(device), id(link), tp, shape.num_tokens, shape.logits_seqs, shape.all_decode)
         hit = _ROW_MEMO.get(key)
         if hit is not None and hit[0] is self and hit[1] is r.kind and hit[2] is device and hit[3] is link:
-            changed = np.flatnonzero(_ANY(r.numbers != hit[4], axis=0)).tolist()
+            changed = _ANY(r.numbers != hit[4], axis=0).nonzero()[0].tolist()
             if len(changed) <= REPRICE_ONE_BY_ONE:
                 t = hit[5].copy()
                 for i in changed:
@@ -141,11 +141,10 @@ class RooflineCostModel:
         the same number (IEEE arithmetic and square roots round alike in numpy and Python)."""
         k = self._per_kind(r.kind, device)
         code, inv_bw, l2_cap, l2_gain, half_w, floor = k.per_op[i]
-        comm = float(r.comm_bytes[i])
+        flops, read, written, weights, _, _, comm, _ = r.numbers[:, i].tolist()
         if comm > 0:
             return self.allreduce_time(comm, tp, link)
-        return self._roofline(float(r.flops[i]), float(r.bytes_read[i]), float(r.bytes_written[i]),
-                              float(r.weight_bytes[i]), self._compute_effs(shape)[code], inv_bw, l2_cap,
+        return self._roofline(flops, read, written, weights, self._compute_effs(shape)[code], inv_bw, l2_cap,
                               l2_gain, half_w, floor, device, _FLOATS)
 
     @staticmethod

@@ -110,7 +110,7 @@ class OpRows:
     bytes_written: np.ndarray
     weight_bytes: np.ndarray
     comm_bytes: np.ndarray
-    numbers: np.ndarray  # 2-D, every number of every row (the arrays above are rows of it)
+    numbers: np.ndarray  # [8, rows]: flops, bytes read, written, weights, out, KV written, comm, weights read (`GATHERED`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +180,18 @@ class IterationGraph:
             return float(_MAX(self.out_bytes, initial=0.0))
         return float(_MAX(r.numbers[GATHERED["out_bytes"]].take(_rows_used(r.gather, self.op_lo, self.num_ops)),
                           initial=0.0))
+
+    def number(self, name: str, i: int) -> float:
+        """Op i's number `name` (a `GATHERED` column; i < 0 counts from the end), read from its
+        distinct row where its column was not gathered."""
+        i = i % len(self.kind)
+        w = self.whole if self.whole is not None else self
+        try:
+            col = object.__getattribute__(self, name)  # set already: read it
+        except AttributeError:
+            r = w.rows
+            return float(r.numbers[GATHERED[name], r.gather[self.op_lo + i]])
+        return float(col[i])
 
     def __getattr__(self, name: str) -> np.ndarray:
         """(Called only for a field not yet set: a gathered graph's number, read now.)"""

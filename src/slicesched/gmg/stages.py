@@ -105,7 +105,7 @@ def _stage(g: IterationGraph, c: _Cut) -> IterationGraph:
 def send_bytes(stage: IterationGraph) -> float:
     """Bytes per receiving device that a (non-last) stage sends the next: its last op's output,
     the hidden states of the batch's tokens (tokens x hidden x dtype bytes)."""
-    return float(stage.out_bytes[-1])
+    return stage.number("out_bytes", -1)
 
 
 def stage_weight_bytes(m: ModelSpec, tp: int, pp: int) -> tuple[np.ndarray, ...]:

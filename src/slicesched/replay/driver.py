@@ -280,22 +280,10 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             for rs in dirty:
                 self._launch_batches(rs, now)
             dirty.clear()
-            decision = self.scheduler.schedule(self.gmg, now) if self._lane is None else self._no_decision
-            self._dropped = False  # set when carrying the decision out drops an iteration
-            if decision.container_moves:
-                self._apply_moves(decision.container_moves)
-            for stop in decision.guest_stops:
-                dirty.update(dict.fromkeys(self._stop_guest(stop, now)))
-            for start in decision.guest_starts:
-                g = self._start_guest(start, now)
-                if g is not None:
-                    dirty[g] = None
-            for rel in decision.shard_releases:
-                dirty.update(dict.fromkeys(self._release_shards(rel, now)))
-            for st in decision.shard_stages:
-                self._stage_shards(st, now)
-            if self._dropped:  # a guest stopped at once: its iterations are gone, so are their placements
-                decision = self._live_placements(decision)
+            if self._lane is None:
+                decision = self._carry_out(self.scheduler.schedule(self.gmg, now), now, dirty)
+            else:  # a home-only scheduler decides nothing (the lane places every iteration)
+                decision = self._no_decision
             wake = min(reqs[i].arrival_s if i < n else math.inf,
                        self._next_activation() if self._activations else math.inf, horizon,
                        self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
@@ -329,6 +317,27 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
                     self.stopped_early = True
                     break
         return self._result(time.perf_counter() - t_wall)
+
+    def _carry_out(self, decision: SchedulerDecision, now: float, dirty: dict[ReplicaState, None]) -> SchedulerDecision:
+        """The driver's part of a decision (container moves, guests, KV shards); the replicas it
+        touched join `dirty`. Returns the decision the backend is to run (without the placements
+        of iterations it dropped)."""
+        self._dropped = False  # set when carrying the decision out drops an iteration
+        if decision.container_moves:
+            self._apply_moves(decision.container_moves)
+        for stop in decision.guest_stops:
+            dirty.update(dict.fromkeys(self._stop_guest(stop, now)))
+        for start in decision.guest_starts:
+            g = self._start_guest(start, now)
+            if g is not None:
+                dirty[g] = None
+        for rel in decision.shard_releases:
+            dirty.update(dict.fromkeys(self._release_shards(rel, now)))
+        for st in decision.shard_stages:
+            self._stage_shards(st, now)
+        if self._dropped:  # a guest stopped at once: its iterations are gone, so are their placements
+            decision = self._live_placements(decision)
+        return decision
 
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
