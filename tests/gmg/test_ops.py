@@ -43,5 +43,22 @@ def test_a_gathered_graph_reads_its_numbers_from_its_rows_once() -> None:
             assert np.array_equal(getattr(other, name), getattr(g, name)), name
     with pytest.raises(AttributeError):
         g.no_such_field  # noqa: B018
-    with pytest.raises(TypeError, match="needs 'iteration'"):
-        type(g).gathered(tenant="t")
+    with pytest.raises(TypeError, match="needs rows or whole"):
+        type(g).gathered(**{name: getattr(g, name) for name in gathered_fields() if name != "rows"})
+
+
+def gathered_fields() -> list[str]:
+    import inspect
+
+    from slicesched.gmg.ops import IterationGraph
+
+    return list(inspect.signature(IterationGraph.gathered).parameters)
+
+
+def test_a_gathered_graph_sets_every_field_but_the_gathered_ones() -> None:
+    """`gathered` writes its fields out: it must name every field of the class but GATHERED."""
+    import dataclasses
+
+    from slicesched.gmg.ops import GATHERED, IterationGraph
+
+    assert gathered_fields() == [f.name for f in dataclasses.fields(IterationGraph) if f.name not in GATHERED]

@@ -14,7 +14,7 @@ Conventions shared by the analytic builder and graph capture (`gmg/capture.py`):
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -156,19 +156,39 @@ class IterationGraph:
     rows: "OpRows | None" = field(repr=False, default=None)
 
     @classmethod
-    def gathered(cls, **fields: object) -> "IterationGraph":
+    def gathered(cls, tenant: str, iteration: int, model: str, tp: int, shape: BatchShape, grain: Grain,
+                 kind: np.ndarray, layer: np.ndarray, wblock: np.ndarray, slice_of: np.ndarray,
+                 edge_src: np.ndarray, edge_dst: np.ndarray, slice_first: np.ndarray, slice_count: np.ndarray,
+                 shapes: tuple = (), slice_dep_src: np.ndarray | None = None,
+                 slice_dep_dst: np.ndarray | None = None, whole: "IterationGraph | None" = None, op_lo: int = 0,
+                 rows: "OpRows | None" = None) -> "IterationGraph":
         """A graph whose `GATHERED` numbers are read from `rows` (or are views of `whole`'s) on
-        first use; every other field as for the constructor."""
-        g = object.__new__(cls)
-        for name, default, put in _NOT_GATHERED:  # slot setters: the constructor's work, less its checks
-            v = fields.get(name, default)
-            if v is MISSING:
-                raise TypeError(f"IterationGraph.gathered() needs {name!r}")
-            put(g, v)
-        if not fields.keys() <= _NOT_GATHERED_NAMES:
-            raise TypeError(f"IterationGraph.gathered() got unexpected {sorted(fields.keys() - _NOT_GATHERED_NAMES)}")
-        if g.rows is None and g.whole is None:
+        first use; every other field as for the constructor (written out: a replay makes three
+        graphs per micro-batch, and a loop over the fields cost more than the rest of a build)."""
+        if rows is None and whole is None:
             raise TypeError("IterationGraph.gathered() needs rows or whole to gather from")
+        g = object.__new__(cls)
+        put = object.__setattr__  # frozen: what the generated __init__ does
+        put(g, "tenant", tenant)
+        put(g, "iteration", iteration)
+        put(g, "model", model)
+        put(g, "tp", tp)
+        put(g, "shape", shape)
+        put(g, "grain", grain)
+        put(g, "kind", kind)
+        put(g, "layer", layer)
+        put(g, "wblock", wblock)
+        put(g, "slice_of", slice_of)
+        put(g, "edge_src", edge_src)
+        put(g, "edge_dst", edge_dst)
+        put(g, "slice_first", slice_first)
+        put(g, "slice_count", slice_count)
+        put(g, "shapes", shapes)
+        put(g, "slice_dep_src", slice_dep_src)
+        put(g, "slice_dep_dst", slice_dep_dst)
+        put(g, "whole", whole)
+        put(g, "op_lo", op_lo)
+        put(g, "rows", rows)
         return g
 
     def max_out_bytes(self) -> float:
@@ -242,9 +262,6 @@ class IterationGraph:
 #: Per-op numbers of a gathered graph, and their row in `OpRows.numbers`.
 GATHERED = {"flops": 0, "bytes_read": 1, "bytes_written": 2, "weight_bytes": 3, "out_bytes": 4,
             "kv_write_bytes": 5, "comm_bytes": 6}
-_NOT_GATHERED = tuple((f.name, f.default, IterationGraph.__dict__[f.name].__set__)
-                      for f in fields(IterationGraph) if f.name not in GATHERED)
-_NOT_GATHERED_NAMES = frozenset(f[0] for f in _NOT_GATHERED)
 _ROWS_USED: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
