@@ -409,8 +409,8 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             self._launch(rs, batch, now)
 
     def _launch(self, rs: ReplicaState, batch: Batch, now: float) -> None:
-        new, ctx, _ = batch.as_arrays()
-        shape = BatchShape(new, ctx, batch.num_seqs)
+        shape = BatchShape(np.asarray(batch.num_new_tokens, np.int64), np.asarray(batch.context_lens_before, np.int64),
+                           batch.num_seqs)
         if rs.pipe is not None:
             mb = MicroBatch(batch, build_stages(self.models[rs.replica.tenant], shape, rs.replica.tp, rs.pipe.pp,
                                                 self.grain, rs.replica.tenant, batch.iteration))
@@ -520,7 +520,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
     def _charge_stages(self, rs: ReplicaState) -> None:
         """`_charge_kv` of a pipeline replica: each stage's devices hold its layers' KV."""
         tokens = rs.engine.kv.used_blocks * BLOCK_TOKENS
-        if all(c == tokens * k for c, k in zip(rs.stage_charged, rs.stage_kv)):
+        if rs.stage_charged == [tokens * k for k in rs.stage_kv]:
             return  # most steps allocate no block: nothing to charge (what the loop below would find)
         for s, (devs, per_tok) in enumerate(zip(rs.replica.stages, rs.stage_kv)):
             if not self._charge(devs, rs.replica.tenant, rs.stage_charged[s], tokens * per_tok):
