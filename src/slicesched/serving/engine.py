@@ -84,12 +84,6 @@ class Batch:
         """Total context (keys) each entry attends over after this step, int64."""
         return np.add(self.context_lens_before, self.num_new_tokens, dtype=np.int64)
 
-    def as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(num_new_tokens, context_lens_before, is_prefill) as numpy arrays for cost models."""
-        return (np.asarray(self.num_new_tokens, dtype=np.int64),
-                np.asarray(self.context_lens_before, dtype=np.int64),
-                np.asarray(self.is_prefill, dtype=bool))
-
 
 class _Draft:
     """The batch being assembled inside one ``next_batch`` call."""
