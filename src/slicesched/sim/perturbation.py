@@ -44,7 +44,7 @@ def _tag(variant: Variant) -> int:
     return zlib.crc32(repr(variant).encode())
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=64)  # a replay meets one bank per group variant (a few); 64 x 2 MiB at most
 def _bank(seed: int, tag: int, cv: float) -> np.ndarray:
     """BANK factors, then their first _PAD again (read-only)."""
     mean, sigma = _lognormal(cv)
