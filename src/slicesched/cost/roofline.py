@@ -97,6 +97,8 @@ class RooflineCostModel:
         hit = _ROW_MEMO.get(key)
         if hit is not None and hit[0] is self and hit[1] is r.kind and hit[2] is device and hit[3] is link:
             changed = _ANY(r.numbers != hit[4], axis=0).nonzero()[0].tolist()
+            if not changed:
+                return hit[5]  # read-only, and its numbers are these
             if len(changed) <= REPRICE_ONE_BY_ONE:
                 t = hit[5].copy()
                 for i in changed:

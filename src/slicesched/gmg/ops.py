@@ -191,11 +191,14 @@ class IterationGraph:
         put(g, "rows", rows)
         return g
 
+    def _op_rows(self) -> "OpRows | None":
+        """The distinct rows this graph's ops gather from (its own, or its whole's at `op_lo`)."""
+        return (self.whole if self.whole is not None else self).rows
+
     def max_out_bytes(self) -> float:
         """The largest output of an op (0 without ops), from the distinct rows its ops use when
-        it has them (its own, or its whole's): no per-op column is gathered for it."""
-        w = self.whole if self.whole is not None else self
-        r = w.rows
+        it has them: no per-op column is gathered for it."""
+        r = self._op_rows()
         if r is None:
             return float(_MAX(self.out_bytes, initial=0.0))
         return float(_MAX(r.numbers[GATHERED["out_bytes"]].take(_rows_used(r.gather, self.op_lo, self.num_ops)),
@@ -205,11 +208,12 @@ class IterationGraph:
         """Op i's number `name` (a `GATHERED` column; i < 0 counts from the end), read from its
         distinct row where its column was not gathered."""
         i = i % len(self.kind)
-        w = self.whole if self.whole is not None else self
+        r = self._op_rows()
         try:
             col = object.__getattribute__(self, name)  # set already: read it
         except AttributeError:
-            r = w.rows
+            if r is None:
+                return float(getattr(self, name)[i])
             return float(r.numbers[GATHERED[name], r.gather[self.op_lo + i]])
         return float(col[i])
 
