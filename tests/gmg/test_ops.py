@@ -24,6 +24,21 @@ def test_totals_are_the_sums_over_sequences(seqs: list[tuple[int, int]], decode:
     assert s.all_decode == all(n <= 1 for n, _ in seqs)
 
 
+@settings(max_examples=200, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(0, 600), st.integers(0, 5000)), max_size=40),
+       decode=st.booleans())
+def test_a_shape_from_tuples_has_the_constructors_totals(seqs: list[tuple[int, int]], decode: bool) -> None:
+    if decode:
+        seqs = [(1, c) for _, c in seqs]
+    new, ctx = tuple(n for n, _ in seqs), tuple(c for _, c in seqs)
+    a = BatchShape(np.array(new, np.int64), np.array(ctx, np.int64), len(seqs))
+    b = BatchShape.from_counts(new, ctx, len(seqs))
+    assert (b.num_tokens, b.all_decode, b.attended_keys(), b.kv_tokens_read()) == \
+        (a.num_tokens, a.all_decode, a.attended_keys(), a.kv_tokens_read())
+    assert b.new_tokens.dtype == np.int64 and np.array_equal(b.new_tokens, a.new_tokens)
+    assert np.array_equal(b.context_lens, a.context_lens) and b.logits_seqs == a.logits_seqs
+
+
 def test_a_gathered_graph_reads_its_numbers_from_its_rows_once() -> None:
     import dataclasses
     import pickle

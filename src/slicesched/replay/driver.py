@@ -409,8 +409,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             self._launch(rs, batch, now)
 
     def _launch(self, rs: ReplicaState, batch: Batch, now: float) -> None:
-        shape = BatchShape(np.asarray(batch.num_new_tokens, np.int64), np.asarray(batch.context_lens_before, np.int64),
-                           batch.num_seqs)
+        shape = BatchShape.from_counts(batch.num_new_tokens, batch.context_lens_before, batch.num_seqs)
         if rs.pipe is not None:
             mb = MicroBatch(batch, build_stages(self.models[rs.replica.tenant], shape, rs.replica.tp, rs.pipe.pp,
                                                 self.grain, rs.replica.tenant, batch.iteration))

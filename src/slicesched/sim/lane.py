@@ -15,7 +15,8 @@ Exactness has three conditions, each checked as it arises; when one fails the la
   (the engines and pipelines of home-only replicas keep one iteration per group);
 - no OOM. The lane holds, on every group, an upper bound of the activation memory of any
   iteration it ran there (three times its largest op output: the previous step's output, a
-  step's intermediate and its own output), from the first such iteration on, so its use of a
+  step's intermediate and its own output; for a pipeline stage, the largest of its whole
+  iteration's, found once for all its stages), from the first such iteration on, so its use of a
   device is never below the simulator's: where the lane never overflows a device, neither
   would the simulator, and any overflow here is a fallback;
 - no transfers or co-located work (what `Perturbation.interference` would slow): home-only
@@ -40,6 +41,7 @@ from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.timing import TimingCache, slice_sums
 
 INF = float("inf")
+_ACC = np.add.accumulate  # running sums (`ndarray.cumsum`'s numbers, cheaper to call)
 ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
 
 
@@ -55,7 +57,7 @@ class _Live:
     group: int
     devs: tuple[int, ...]
     tenant: int  # GMG tenant index
-    starts: np.ndarray
+    start: float  # of its first slice; each later one starts where the one before ended
     ends: np.ndarray
     written: int = 0  # slices already in the busy log (a read settled them before the end)
     ops_written: int = 0
@@ -83,6 +85,8 @@ class IterationLane:
         self._on = [-1] * gmg.cluster.num_devices  # iteration running on each device
         self._devs: dict[int, tuple[int, ...]] = {}
         self._act_held: dict[int, float] = {}  # group -> activation bytes held on each of its devices
+        self._sized: IterationGraph | None = None  # the (whole) iteration `_sized_out` is the largest output of
+        self._sized_out = 0.0
 
     # ---- Backend ------------------------------------------------------------------------
     def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: object = None) -> IterationHandle:
@@ -100,19 +104,17 @@ class IterationLane:
                 raise LaneUnsafe(f"{graph.tenant}: device {d} already runs iteration {on[d]}")
         key = self._next_key
         self._next_key += 1
-        act = ACT_BOUND_OUTPUTS * graph.max_out_bytes()
+        act = ACT_BOUND_OUTPUTS * self._max_out_bytes(graph)
         held = self._act_held.get(home, 0.0)
         if act > held:  # held from now on: an iteration on the group needs no charge of its own
             self._alloc(devs, act - held, ACT, graph.tenant)
             self._act_held[home] = act
         ends = self.slice_durations(key, graph, home)
         ends[0] += self.now  # the simulator's first end is now + d0, then each step adds its own
-        ends.cumsum(out=ends)
-        starts = np.empty_like(ends)
-        starts[0], starts[1:] = self.now, ends[:-1]
+        _ACC(ends, out=ends)
         for d in devs:
             on[d] = key
-        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], starts, ends)
+        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], self.now, ends)
         heapq.heappush(self._heap, (float(ends[-1]), key))
         return IterationHandle(key, graph.tenant, -1, graph.num_slices)  # no GMG rows: no slice ids
 
@@ -183,14 +185,26 @@ class IterationLane:
         finished one, those up to now of a live one. Summed one after another, as the
         driver's bincount over the simulator's rows does."""
         it = self._done[key] if finished else self._live[key]
-        n = len(it.ends) if finished else int(it.ends.searchsorted(self.now, side="right"))
-        secs = float((it.ends[:n] - it.starts[:n]).cumsum()[-1]) if n else 0.0
-        return it.graph.tenant, it.group, secs
+        ends = it.ends
+        n = len(ends) if finished else int(ends.searchsorted(self.now, side="right"))
+        if not n:
+            return it.graph.tenant, it.group, 0.0
+        dur = np.empty(n)  # end - start of each slice, as the busy log's rows give them
+        dur[0] = ends[0] - it.start
+        np.subtract(ends[1:n], ends[:n - 1], out=dur[1:])
+        return it.graph.tenant, it.group, float(_ACC(dur, out=dur)[-1])
 
     def live_keys(self) -> list[int]:
         return list(self._live)
 
     # ---- internals ----------------------------------------------------------------------
+    def _max_out_bytes(self, graph: IterationGraph) -> float:
+        """The largest op output of `graph`, or of its whole iteration for a pipeline stage."""
+        whole = graph if graph.whole is None else graph.whole
+        if whole is not self._sized:
+            self._sized, self._sized_out = whole, whole.max_out_bytes()
+        return self._sized_out
+
     def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str) -> None:
         oom = self.mem.try_alloc(devs, nbytes, cat, self.now, tenant)
         if oom is not None:  # the simulator may or may not have overflowed: only it can say
@@ -210,7 +224,8 @@ class IterationLane:
     def _write(self, it: _Live, n: int) -> None:
         """Slices up to n of `it` into the busy log (one run: they are back to back) and op count."""
         if n > it.written:
-            self.gmg.busy.add(it.devs, float(it.starts[it.written]), float(it.ends[n - 1]), it.tenant)
+            start = it.start if it.written == 0 else float(it.ends[it.written - 1])
+            self.gmg.busy.add(it.devs, start, float(it.ends[n - 1]), it.tenant)
             ops = int(it.graph.slice_first[n - 1] + it.graph.slice_count[n - 1]) if n < len(it.ends) else it.graph.num_ops
             self.op_events += ops - it.ops_written
             it.written, it.ops_written = n, ops
