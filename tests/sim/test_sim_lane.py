@@ -16,6 +16,7 @@ from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
 from slicesched.sim import Perturbation, Simulator
 from slicesched.sim.lane import IterationLane, LaneUnsafe
+from slicesched.sim.timing import TimingCache, slice_sums
 from scenario_helpers import scenario
 
 COST = make_cost_model("roofline")
@@ -143,8 +144,11 @@ def test_one_iteration_ends_at_its_slices_durations_added_in_order():
     lane, m = _lane()
     g = build_iteration(m, BatchShape.prefill(64), 1, Grain.LAYER, "a", 0)
     lane.now = 2.0
-    h = lane.add_iteration(g, home=lane.gmg.cluster.group_id((0,)))
-    durs = lane.slice_durations(h.key, g, lane.gmg.cluster.group_id((0,))).tolist()
+    home = lane.gmg.cluster.group_id((0,))
+    h = lane.add_iteration(g, home=home)
+    timing = TimingCache(COST, lane.gmg.cluster)
+    op, first, count = timing.price(g, m, home)
+    durs = slice_sums(Perturbation(seed=0).noisy(op, h.key, timing.variant(home)), first, count)[1].tolist()
     end = 2.0
     for d in durs:
         end += d

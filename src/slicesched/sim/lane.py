@@ -38,10 +38,16 @@ from slicesched.gmg.ops import IterationGraph
 from slicesched.sim.iterinfo import is_pure_chain
 from slicesched.sim.memory import ACT, KV, MemoryLedger
 from slicesched.sim.perturbation import Perturbation
-from slicesched.sim.timing import TimingCache, slice_sums
+from slicesched.sim.timing import TimingCache, slice_times
 
 INF = float("inf")
 _ACC = np.add.accumulate  # running sums (`ndarray.cumsum`'s numbers, cheaper to call)
+_SUB = np.subtract
+
+
+def _ended(times: np.ndarray, now: float) -> int:
+    """How many slices of a chain with these times (`_Live.times`) ended by `now`."""
+    return int(times[1:].searchsorted(now, side="right"))
 ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
 
 
@@ -57,8 +63,7 @@ class _Live:
     group: int
     devs: tuple[int, ...]
     tenant: int  # GMG tenant index
-    start: float  # of its first slice; each later one starts where the one before ended
-    ends: np.ndarray
+    times: np.ndarray  # [start, end of slice 0, ...]: slice j runs from times[j] to times[j + 1]
     written: int = 0  # slices already in the busy log (a read settled them before the end)
     ops_written: int = 0
 
@@ -109,23 +114,22 @@ class IterationLane:
         if act > held:  # held from now on: an iteration on the group needs no charge of its own
             self._alloc(devs, act - held, ACT, graph.tenant)
             self._act_held[home] = act
-        ends = self.slice_durations(key, graph, home)
-        ends[0] += self.now  # the simulator's first end is now + d0, then each step adds its own
-        _ACC(ends, out=ends)
+        times = self.slice_times(key, graph, home)
         for d in devs:
             on[d] = key
-        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], self.now, ends)
-        heapq.heappush(self._heap, (float(ends[-1]), key))
+        self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], times)
+        heapq.heappush(self._heap, (float(times[-1]), key))
         return IterationHandle(key, graph.tenant, -1, graph.num_slices)  # no GMG rows: no slice ids
 
-    def slice_durations(self, key: int, graph: IterationGraph, group: int) -> np.ndarray:
-        """Per slice, the seconds the simulator gives this iteration on its home group (the
-        slice sums of `SliceTimingMixin`'s perturbed timing), as a new array."""
+    def slice_times(self, key: int, graph: IterationGraph, group: int) -> np.ndarray:
+        """[now, end of slice 0, ...] of this iteration on its home group from now, as the
+        simulator runs it: each end the one before plus the slice's perturbed total
+        (`SliceTimingMixin`'s timing, summed as `slice_sums` does)."""
         tc, p = self._timing, self.perturbation
         op_dur, first, count = tc.price(graph, self.gmg.models[graph.tenant], group)
         if p is not None:
             op_dur = p.noisy(op_dur, key, tc.variant(group))
-        return slice_sums(op_dur, first, count)[1]
+        return slice_times(op_dur, first, count, self.now)
 
     def execute(self, decision: SchedulerDecision, until: float = INF,
                 wake: str | Collection[int] = "iteration") -> StepOutcome:
@@ -185,13 +189,11 @@ class IterationLane:
         finished one, those up to now of a live one. Summed one after another, as the
         driver's bincount over the simulator's rows does."""
         it = self._done[key] if finished else self._live[key]
-        ends = it.ends
-        n = len(ends) if finished else int(ends.searchsorted(self.now, side="right"))
+        t = it.times
+        n = len(t) - 1 if finished else _ended(t, self.now)
         if not n:
             return it.graph.tenant, it.group, 0.0
-        dur = np.empty(n)  # end - start of each slice, as the busy log's rows give them
-        dur[0] = ends[0] - it.start
-        np.subtract(ends[1:n], ends[:n - 1], out=dur[1:])
+        dur = _SUB(t[1:n + 1], t[:n])  # end - start of each slice, as the busy log's rows give them
         return it.graph.tenant, it.group, float(_ACC(dur, out=dur)[-1])
 
     def live_keys(self) -> list[int]:
@@ -212,7 +214,7 @@ class IterationLane:
 
     def _finish(self, key: int) -> None:
         it = self._end(key)
-        self._write(it, len(it.ends))
+        self._write(it, len(it.times) - 1)
         self._done[key] = it
 
     def _end(self, key: int) -> _Live:
@@ -224,9 +226,8 @@ class IterationLane:
     def _write(self, it: _Live, n: int) -> None:
         """Slices up to n of `it` into the busy log (one run: they are back to back) and op count."""
         if n > it.written:
-            start = it.start if it.written == 0 else float(it.ends[it.written - 1])
-            self.gmg.busy.add(it.devs, start, float(it.ends[n - 1]), it.tenant)
-            ops = int(it.graph.slice_first[n - 1] + it.graph.slice_count[n - 1]) if n < len(it.ends) else it.graph.num_ops
+            self.gmg.busy.add(it.devs, float(it.times[it.written]), float(it.times[n]), it.tenant)
+            ops = int(it.graph.slice_first[n - 1] + it.graph.slice_count[n - 1]) if n < len(it.times) - 1 else it.graph.num_ops
             self.op_events += ops - it.ops_written
             it.written, it.ops_written = n, ops
 
@@ -236,4 +237,4 @@ class IterationLane:
             self._settle_one(it)
 
     def _settle_one(self, it: _Live) -> None:
-        self._write(it, int(it.ends.searchsorted(self.now, side="right")))
+        self._write(it, _ended(it.times, self.now))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from slicesched.sim.iterinfo import IterInfo
 
 _MIN = np.minimum.reduce
+_SUB = np.subtract
 _ACC = np.add.accumulate  # a running sum: `ndarray.cumsum`'s numbers, a third cheaper to call on ~500 ops
 Variant = tuple[int, str, str]  # (group size, device type, intra-group link)
 
@@ -70,6 +71,24 @@ def slice_sums(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> tupl
     per_slice = cum.take(first + count)
     per_slice -= cum.take(first)
     return cum, per_slice
+
+
+def slice_times(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray, start: float) -> np.ndarray:
+    """[start, end of slice 0, end of slice 1, ...] of slices run back to back from `start`: each
+    end the one before plus the slice's total of `slice_sums` (the additions a segment makes);
+    slice j runs from element j to element j + 1."""
+    cum = np.empty(len(op_dur) + 1)
+    cum[0] = 0.0
+    _ACC(op_dur, out=cum[1:])
+    out = np.empty(len(first) + 1)
+    out[0] = start
+    bounds = _bounds(first, count)
+    if bounds is not None:
+        b = cum.take(bounds)
+        _SUB(b[1:], b[:-1], out=out[1:])
+    else:
+        _SUB(cum.take(first + count), cum.take(first), out=out[1:])
+    return _ACC(out, out=out)
 
 
 _BOUNDS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
