@@ -209,7 +209,14 @@ class IterationGraph:
 
     def max_out_bytes(self) -> float:
         """The largest output of an op (0 without ops), from the distinct rows its ops use when
-        it has them: no per-op column is gathered for it."""
+        it has them: no per-op column is gathered for it. Found once, then remembered (the
+        lane asks it of a micro-batch's whole iteration once per stage)."""
+        m = self.__dict__.get("_max_out")
+        if m is None:
+            m = self.__dict__["_max_out"] = self._largest_output()
+        return m
+
+    def _largest_output(self) -> float:
         r = self._op_rows()
         if r is None:
             return float(_MAX(self.out_bytes, initial=0.0))

@@ -90,8 +90,6 @@ class IterationLane:
         self._on = [-1] * gmg.cluster.num_devices  # iteration running on each device
         self._devs: dict[int, tuple[int, ...]] = {}
         self._act_held: dict[int, float] = {}  # group -> activation bytes held on each of its devices
-        self._sized: IterationGraph | None = None  # the (whole) iteration `_sized_out` is the largest output of
-        self._sized_out = 0.0
 
     # ---- Backend ------------------------------------------------------------------------
     def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: object = None) -> IterationHandle:
@@ -109,7 +107,7 @@ class IterationLane:
                 raise LaneUnsafe(f"{graph.tenant}: device {d} already runs iteration {on[d]}")
         key = self._next_key
         self._next_key += 1
-        act = ACT_BOUND_OUTPUTS * self._max_out_bytes(graph)
+        act = ACT_BOUND_OUTPUTS * (graph if graph.whole is None else graph.whole).max_out_bytes()
         held = self._act_held.get(home, 0.0)
         if act > held:  # held from now on: an iteration on the group needs no charge of its own
             self._alloc(devs, act - held, ACT, graph.tenant)
@@ -200,13 +198,6 @@ class IterationLane:
         return list(self._live)
 
     # ---- internals ----------------------------------------------------------------------
-    def _max_out_bytes(self, graph: IterationGraph) -> float:
-        """The largest op output of `graph`, or of its whole iteration for a pipeline stage."""
-        whole = graph if graph.whole is None else graph.whole
-        if whole is not self._sized:
-            self._sized, self._sized_out = whole, whole.max_out_bytes()
-        return self._sized_out
-
     def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str) -> None:
         oom = self.mem.try_alloc(devs, nbytes, cat, self.now, tenant)
         if oom is not None:  # the simulator may or may not have overflowed: only it can say
