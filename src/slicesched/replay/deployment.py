@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,16 +23,14 @@ class Replica:
     tenant: str
     devices: tuple[int, ...]
     pp: int = 1
+    tp: int = field(init=False, repr=False, compare=False)
+    stages: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)  # each stage's devices
 
-    @property
-    def tp(self) -> int:
-        return len(self.devices) // self.pp
-
-    @property
-    def stages(self) -> tuple[tuple[int, ...], ...]:
-        """The devices of each pipeline stage, in order."""
-        tp = self.tp
-        return tuple(self.devices[s * tp:(s + 1) * tp] for s in range(self.pp))
+    def __post_init__(self) -> None:
+        # derived once: the driver reads them at every KV charge and launch
+        tp = len(self.devices) // self.pp
+        object.__setattr__(self, "tp", tp)
+        object.__setattr__(self, "stages", tuple(self.devices[s * tp:(s + 1) * tp] for s in range(self.pp)))
 
 
 def build_cluster(sc: Scenario) -> Cluster:
