@@ -36,6 +36,7 @@ import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Callable
 
 import numpy as np
@@ -67,7 +68,7 @@ class Batch:
         n = len(self.req_ids)
         if not (len(self.num_new_tokens) == len(self.context_lens_before) == len(self.is_prefill) == n):
             raise ValueError("Batch entry tuples must have equal lengths")
-        pre = sum(t for t, p in zip(self.num_new_tokens, self.is_prefill) if p)
+        pre = sum(compress(self.num_new_tokens, self.is_prefill))  # (no generator: one per iteration)
         object.__setattr__(self, "num_prefill_tokens", pre)
         object.__setattr__(self, "num_decode_tokens", sum(self.num_new_tokens) - pre)
 

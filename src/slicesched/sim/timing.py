@@ -133,10 +133,13 @@ class TimingCache:
         self._stage_views = cost.prices_ops_alone
 
     def variant(self, group: int) -> Variant:
+        return self._group(group)[0]
+
+    def _group(self, group: int) -> tuple[Variant, DeviceSpec, LinkSpec]:
         v = self._by_group.get(group)
         if v is None:
             v = self._by_group[group] = group_variant(self.cluster, group)
-        return v[0]
+        return v
 
     def get(self, key: int, graph: IterationGraph, model: ModelSpec, group: int) -> SliceTiming:
         variant = self.variant(group)
@@ -158,8 +161,7 @@ class TimingCache:
 
     def price(self, graph: IterationGraph, model: ModelSpec, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`ops` without keeping the answer (a caller that asks once per iteration)."""
-        variant = self.variant(group)
-        _, spec, link = self._by_group[group]
+        variant, spec, link = self._group(group)
         g = graph_for_size(graph, model, variant[0])
         return self._price(g, variant, spec, link), g.slice_first, g.slice_count
 
