@@ -95,12 +95,9 @@ class BatchShape:
         put(s, "context_lens", np.array(context_lens, np.int64))
         put(s, "logits_seqs", logits_seqs)
         tokens, context = sum(new_tokens), sum(context_lens)
-        decode = tokens == len(new_tokens)  # (every entry computes at least one token)
-        if not decode or min(new_tokens, default=1) < 1:
-            decode = max(new_tokens, default=0) <= 1
-            keys = sum(n * c + n * (n + 1) // 2 for n, c in zip(new_tokens, context_lens))
-        else:
-            keys = context + tokens
+        decode = max(new_tokens, default=0) <= 1  # the constructor's rules, on Python ints
+        keys = (context + tokens if decode and tokens == len(new_tokens)
+                else sum(n * c + n * (n + 1) // 2 for n, c in zip(new_tokens, context_lens)))
         s._put_totals(tokens, decode, keys, tokens + context)
         return s
 

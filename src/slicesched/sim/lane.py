@@ -41,6 +41,7 @@ from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.timing import TimingCache, slice_times
 
 INF = float("inf")
+ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
 _ACC = np.add.accumulate  # running sums (`ndarray.cumsum`'s numbers, cheaper to call)
 _SUB = np.subtract
 
@@ -48,7 +49,6 @@ _SUB = np.subtract
 def _ended(times: np.ndarray, now: float) -> int:
     """How many slices of a chain with these times (`_Live.times`) ended by `now`."""
     return int(times[1:].searchsorted(now, side="right"))
-ACT_BOUND_OUTPUTS = 3  # live outputs a chain step can hold at once (see the module docstring)
 
 
 class LaneUnsafe(RuntimeError):
@@ -112,14 +112,14 @@ class IterationLane:
         if act > held:  # held from now on: an iteration on the group needs no charge of its own
             self._alloc(devs, act - held, ACT, graph.tenant)
             self._act_held[home] = act
-        times = self.slice_times(key, graph, home)
+        times = self._times(key, graph, home)
         for d in devs:
             on[d] = key
         self._live[key] = _Live(graph, home, devs, self.gmg.tenant_index[graph.tenant], times)
         heapq.heappush(self._heap, (float(times[-1]), key))
         return IterationHandle(key, graph.tenant, -1, graph.num_slices)  # no GMG rows: no slice ids
 
-    def slice_times(self, key: int, graph: IterationGraph, group: int) -> np.ndarray:
+    def _times(self, key: int, graph: IterationGraph, group: int) -> np.ndarray:
         """[now, end of slice 0, ...] of this iteration on its home group from now, as the
         simulator runs it: each end the one before plus the slice's perturbed total
         (`SliceTimingMixin`'s timing, summed as `slice_sums` does)."""

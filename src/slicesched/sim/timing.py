@@ -58,36 +58,28 @@ class SliceTiming:
         return start + rel[:-1], start + rel[1:]
 
 
-def slice_sums(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def slice_sums(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray,
+               out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(running sum of op durations from 0, per-slice totals as differences of it): the numbers
-    every backend times slices by, in one order of float additions."""
+    every backend times slices by, in one order of float additions. `out`: where to write
+    the per-slice totals (a new array without it)."""
     cum = np.empty(len(op_dur) + 1)  # [0, cumsum...] without concatenating (the same sums)
     cum[0] = 0.0
     _ACC(op_dur, out=cum[1:])  # ufuncs, not np.cumsum / .min(): no Python wrapper
     bounds = _bounds(first, count)
     if bounds is not None:  # slices one after another: each ends where the next starts
         b = cum.take(bounds)
-        return cum, b[1:] - b[:-1]  # = cum[first + count] - cum[first], element for element
-    per_slice = cum.take(first + count)
-    per_slice -= cum.take(first)
-    return cum, per_slice
+        return cum, _SUB(b[1:], b[:-1], out=out)  # = cum[first + count] - cum[first], element for element
+    return cum, _SUB(cum.take(first + count), cum.take(first), out=out)
 
 
 def slice_times(op_dur: np.ndarray, first: np.ndarray, count: np.ndarray, start: float) -> np.ndarray:
     """[start, end of slice 0, end of slice 1, ...] of slices run back to back from `start`: each
     end the one before plus the slice's total of `slice_sums` (the additions a segment makes);
     slice j runs from element j to element j + 1."""
-    cum = np.empty(len(op_dur) + 1)
-    cum[0] = 0.0
-    _ACC(op_dur, out=cum[1:])
     out = np.empty(len(first) + 1)
     out[0] = start
-    bounds = _bounds(first, count)
-    if bounds is not None:
-        b = cum.take(bounds)
-        _SUB(b[1:], b[:-1], out=out[1:])
-    else:
-        _SUB(cum.take(first + count), cum.take(first), out=out[1:])
+    slice_sums(op_dur, first, count, out=out[1:])
     return _ACC(out, out=out)
 
 
