@@ -25,7 +25,7 @@ def test_totals_are_the_sums_over_sequences(seqs: list[tuple[int, int]], decode:
 
 
 @settings(max_examples=200, deadline=None)
-@given(seqs=st.lists(st.tuples(st.integers(0, 600), st.integers(0, 5000)), max_size=40),
+@given(seqs=st.lists(st.tuples(st.integers(0, 3) | st.integers(0, 600), st.integers(0, 5000)), max_size=40),
        decode=st.booleans())
 def test_a_shape_from_tuples_has_the_constructors_totals(seqs: list[tuple[int, int]], decode: bool) -> None:
     if decode:
