@@ -1,26 +1,33 @@
 # Two entry points for a fresh machine (each creates .venv on first use):
-#   make demo   install, then replay the built-in scenario under every scheduler and search capacity at SLA
-#   make test   install, then run the whole test suite
+#   make demo   install (no torch), then replay the built-in scenario under every scheduler and search capacity at SLA
+#   make test   install with the executor and test tools, then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+CORE := $(VENV)/.installed-core
+DEV := $(VENV)/.installed-dev
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml constraints-dev.txt
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-dev.txt -e '.[dev]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(CORE): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -c constraints-dev.txt -e .
+	touch $(CORE)
+
+$(DEV): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[dev]'
+	touch $(DEV) $(CORE)
+
+demo: $(CORE)
 	$(VENV)/bin/slicesched replay --capacity --force
 
-test: $(STAMP)
-	$(PY) -m pytest -n 2 -p no:cacheprovider
+test: $(DEV)
+	$(PY) -m pytest -n 2 --dist loadgroup -p no:cacheprovider
 
-bench: $(STAMP)
+bench: $(DEV)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:

@@ -28,8 +28,8 @@ import torch
 from slicesched.executor import Executor, SlicedProgram, build_program, compile_exported
 from slicesched.executor.program import state_tensors_of
 from slicesched.gmg.ops import Grain
-from slicesched.gmg.capture import CausalLMStep, capture_exported, export_module
-from slicesched.gmg.graph_inputs import flatten_exported_inputs
+from slicesched.executor.capture import CausalLMStep, capture_exported, export_module
+from slicesched.executor.graph_inputs import flatten_exported_inputs
 
 REPEATS = 80
 

@@ -85,6 +85,16 @@ app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=Fals
                   pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
 
 
+def _need_executor(what: str) -> None:
+    """The executor's commands need torch and transformers, which a plain install leaves out."""
+    from importlib.util import find_spec
+
+    missing = [m for m in ("torch", "transformers") if find_spec(m) is None]
+    if missing:
+        raise InputError(f"{what} needs {' and '.join(missing)}, which this install lacks: "
+                         "pip install 'slicesched[executor]'")
+
+
 def builtin_scenario_path() -> Path:
     return Path(str(resources.files("slicesched").joinpath("scenarios", "default.toml")))
 
@@ -116,6 +126,7 @@ def replay(
     if backend not in ("sim", "executor"):
         raise InputError(f"unknown backend '{backend}'; known: sim, executor", field="--backend")
     if backend == "executor":
+        _need_executor("--backend executor")
         if capacity or ray_address:
             raise InputError("--backend executor serves each scheduler once, in this process: no --capacity "
                              "or --ray-address", field="--backend")
@@ -311,22 +322,20 @@ def profile(
     together: bool = typer.Option(True, help="--serving: every device steps at once, as served tenants contend"),
 ) -> None:
     """Measure op latencies on this machine (CPU) over a grid of shapes and save a profile."""
+    _need_executor("profile")
     import torch
 
     if serving is not None:
         return _profile_serving(serving, out, repeats, together)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from slicesched.executor.profiler import GRID_STEPS, GRID_WIDTHS, device_name, prepare_grid, profile_of, time_slices
+    from slicesched.executor.profiler import GRID_STEPS, GRID_WIDTHS, device_name, profile_local
 
     torch.set_num_threads(threads)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, transient=True) as bar:
+    with Progress(*cols, transient=True) as bar:  # one step per grid point, then the timing
         task = bar.add_task("capturing", total=len(GRID_WIDTHS) * len(GRID_STEPS) + 1)
-        items = prepare_grid(on_progress=lambda what: bar.update(task, advance=1, description=what))
-        bar.update(task, description=f"timing {len(items)} steps x {repeats}")
-        prof = profile_of(items, time_slices(items, repeats))
-        bar.advance(task)
+        prof = profile_local(repeats=repeats, on_progress=lambda what: bar.update(task, advance=1, description=what))
     path = prof.save(out)
     typer.echo(f"wrote {path}: {len(prof)} op timings on {device_name()} (torch {torch.__version__})")
 
@@ -351,6 +360,7 @@ def fidelity(
 
     The cost model is calibrated on this machine: the profiling grid and the validation trace are
     timed interleaved, the model is fitted to the grid alone."""
+    _need_executor("fidelity")
     import torch
     from rich.console import Console
     from rich.table import Table

@@ -27,7 +27,7 @@ def tiny_model(family: str, layers: int = 2) -> torch.nn.Module:
 
 def make_steps():
     """family -> (CausalLMStep, prefill args, decode args, exported prefill, exported decode)."""
-    from slicesched.gmg.capture import CausalLMStep, export_module
+    from slicesched.executor.capture import CausalLMStep, export_module
 
     out = {}
     for family in FAMILIES:

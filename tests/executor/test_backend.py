@@ -8,15 +8,16 @@ import time
 import numpy as np
 import torch
 
-from slicesched.executor import (ContiguousScheduler, DeviceConfig, Executor, ExecutorBackend, RoundRobinScheduler,
-                                 build_program, drive)
+from slicesched.executor import DeviceConfig, Executor, ExecutorBackend, build_program
 from slicesched.executor.program import state_tensors_of
 from slicesched.gmg import GlobalMappingGraph, SliceState
 from slicesched.hardware import Cluster, Container
-from slicesched.gmg.capture import capture_exported
-from slicesched.gmg.graph_inputs import flatten_exported_inputs
+from slicesched.executor.capture import capture_exported
+from slicesched.executor.graph_inputs import flatten_exported_inputs
 from slicesched.models.spec import from_hf_config
 from slicesched.sched.interface import SchedulerDecision, WeightCopy, WeightEviction
+
+from index_schedulers import ContiguousScheduler, RoundRobinScheduler, drive
 
 
 def _gmg(steps, tenants=("llama",), devices=2):

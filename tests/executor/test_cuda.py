@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slicesched.executor import DeviceConfig, Executor, compile_exported
-from slicesched.gmg.capture import CausalLMStep, export_module
+from slicesched.executor.capture import CausalLMStep, export_module
 
 from executor_models import tiny_model
 

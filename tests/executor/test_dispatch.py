@@ -12,8 +12,8 @@ import torch.fx as fx
 from slicesched.executor import Executor, build_program
 from slicesched.executor.program import state_tensors_of
 from slicesched.gmg import Grain
-from slicesched.gmg.capture import capture_exported
-from slicesched.gmg.graph_inputs import flatten_exported_inputs
+from slicesched.executor.capture import capture_exported
+from slicesched.executor.graph_inputs import flatten_exported_inputs
 
 
 def _setup(steps):

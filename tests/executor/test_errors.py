@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slicesched.executor import CompileOptions, SliceError, compile_exported
-from slicesched.gmg.capture import CaptureError, export_module
+from slicesched.executor.capture import CaptureError, export_module
 from torch_helpers import Branchy
 
 

@@ -9,8 +9,8 @@ import torch
 
 from slicesched.executor import DeviceConfig, ExecutionFailed, Executor, build_program, compile_exported
 from slicesched.executor.program import state_tensors_of
-from slicesched.gmg.capture import capture_exported
-from slicesched.gmg.graph_inputs import flatten_exported_inputs
+from slicesched.executor.capture import capture_exported
+from slicesched.executor.graph_inputs import flatten_exported_inputs
 
 
 def _program_and_args(steps, family="llama"):

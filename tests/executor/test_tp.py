@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from slicesched.decisions import OOMEvent, SchedulerDecision, WeightCopy, WeightEviction
-from slicesched.executor import DeviceConfig, Executor, ExecutorBackend, collectives, drive
-from slicesched.executor.placement import _merge
+from slicesched.executor import DeviceConfig, Executor, ExecutorBackend, collectives
 from slicesched.executor.tp import GroupRun, TPProgram, run_tp, shard_causal_lm, tp_program
 from slicesched.gmg import GlobalMappingGraph
-from slicesched.gmg.capture import CausalLMStep
+from slicesched.executor.capture import CausalLMStep
 from slicesched.hardware import Cluster, Container
 from slicesched.models.spec import from_hf_config
 from slicesched.sched.baselines import DedicatedScheduler
 
 from executor_models import tiny_model, transformers
+from index_schedulers import drive, merge_runs
 
 STEPS = 3  # decode steps after the prefill
 
@@ -295,7 +295,7 @@ class _OnGroups:
     def schedule(self, gmg, now):
         ready = gmg.unmapped_ready()
         sizes = np.asarray([gmg.iteration_of(int(s))[0].graph.num_slices for s in ready])
-        return SchedulerDecision(now, _merge(ready, self.gids[gmg.get("local", ready) * len(self.gids) // sizes]))
+        return SchedulerDecision(now, merge_runs(ready, self.gids[gmg.get("local", ready) * len(self.gids) // sizes]))
 
     def update(self, outcome):
         pass

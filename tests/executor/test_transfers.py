@@ -7,8 +7,8 @@ import torch
 from slicesched.executor import Executor, build_program
 from slicesched.executor.placement import round_robin
 from slicesched.executor.program import activation_bytes_moved, state_tensors_of
-from slicesched.gmg.capture import capture_exported
-from slicesched.gmg.graph_inputs import flatten_exported_inputs
+from slicesched.executor.capture import capture_exported
+from slicesched.executor.graph_inputs import flatten_exported_inputs
 
 
 def _setup(steps, family="qwen2"):

@@ -94,7 +94,7 @@ def test_trace_stream_reads_real_azure_file(shared_traces):
     assert 0 < len(t) < 8819 and t.arrival_s.max() < 60
 
 
-# ---- prefix-nested rate scales (DESIGN.md 5) ------------------------------------------------
+# ---- prefix-nested rate scales ---------------------------------------------------------------
 
 def assert_prefix(sc, k1: float, k2: float, duration: float | None = None) -> None:
     """The requests at k1 are the first ones at k2 with identical lengths and tenants, and their

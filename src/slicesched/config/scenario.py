@@ -188,7 +188,7 @@ class ReallocConfig(_Strict):
 
 
 class SliceSchedConfig(_Strict):
-    """SliceScheduler's settings: one default for every scenario (DESIGN.md 4); a scenario may
+    """SliceScheduler's settings: one default for every scenario (never tuned to one); a scenario may
     override them in a `[schedulers.slicesched]` table."""
 
     check_interval_s: float = Field(0.05, gt=0, description="simulated seconds between lease (shard staging and "

@@ -334,8 +334,4 @@ class CalibratedCostModel:
         return float(fit.predict(cols, np.array([float(p)]), cols["bytes"])[0])
 
 
-def is_profiled(model: CostModel, device: str) -> bool:
-    return isinstance(model, CalibratedCostModel) and any(w == device for w, _ in model.fits)
-
-
 __all__ = ["CalibratedCostModel", "KindFit", "fit_kind", "fit_profile", "nnls_relative", "LINKS"]

@@ -10,10 +10,10 @@ transfers and memory budgets, and the `Backend` the schedulers drive.
 True
 """
 
-from slicesched.executor.backend import ExecutorBackend, drive
+from slicesched.executor.backend import ExecutorBackend
 from slicesched.executor.compile_backend import (CompileOptions, ExportedCallable, SlicedCallable,
                                                  compile_exported, slicesched_backend)
-from slicesched.executor.placement import ContiguousScheduler, RoundRobinScheduler, contiguous, round_robin
+from slicesched.executor.placement import contiguous, round_robin
 from slicesched.executor.program import SliceCode, SlicedProgram, build_program, state_tensors_of
 from slicesched.executor.devices import DeviceConfig
 from slicesched.executor.report import (ExecutionFailed, RunReport, RunResult, SliceError, SliceRecord,
@@ -23,8 +23,8 @@ from slicesched.executor.runtime import Executor
 from slicesched.executor.tp import GroupRun, TPProgram, TPResult, run_tp, shard_causal_lm, tp_program
 
 __all__ = [
-    "ExecutorBackend", "drive", "CompileOptions", "ExportedCallable", "SlicedCallable", "compile_exported",
-    "slicesched_backend", "ContiguousScheduler", "RoundRobinScheduler", "contiguous", "round_robin",
+    "ExecutorBackend", "CompileOptions", "ExportedCallable", "SlicedCallable", "compile_exported",
+    "slicesched_backend", "contiguous", "round_robin",
     "SliceCode", "SlicedProgram", "build_program", "state_tensors_of", "DeviceConfig", "ExecutionFailed",
     "Executor", "Run", "RunReport", "RunResult", "SliceError", "SliceRecord", "TransferRecord",
     "GroupRun", "TPProgram", "TPResult", "run_tp", "shard_causal_lm", "tp_program",

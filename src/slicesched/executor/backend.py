@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +44,10 @@ from slicesched.executor.serving import PagedModel
 from slicesched.executor.tp import GroupRun, TPProgram
 from slicesched.errors import InputError
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
-from slicesched.gmg.node_costs import value_bytes
+from slicesched.executor.node_costs import value_bytes
 from slicesched.gmg.ops import IterationGraph
 from slicesched.decisions import (OOMEvent, SchedulerDecision, SliceCompletion, SlicePlacement, StepInputs,
                                   StepOutcome)
-from slicesched.sched.interface import Scheduler
 
 
 @dataclass(slots=True)
@@ -483,25 +482,3 @@ def _stages(wblock: np.ndarray) -> np.ndarray:
     attention and MLP of layer l are blocks 2l and 2l+1, the embedding 2L, the head 2L+1)."""
     head = int(wblock.max())
     return np.where(wblock == head - 1, 0, np.where(wblock == head, head, wblock + 1))
-
-
-def drive(scheduler: Scheduler, backend: ExecutorBackend, keys: Iterable[int], max_steps: int = 100_000
-          ) -> list[StepOutcome]:
-    """Schedule and execute until every iteration in `keys` finished or failed.
-
-    Raises RuntimeError if nothing runs and the scheduler places nothing (a stall).
-    """
-    waiting = set(keys)
-    outcomes: list[StepOutcome] = []
-    for _ in range(max_steps):
-        waiting -= backend.failed
-        if not waiting:
-            return outcomes
-        decision = scheduler.schedule(backend.gmg, backend.now)
-        outcome = backend.execute(decision)
-        scheduler.update(outcome)
-        outcomes.append(outcome)
-        waiting -= set(outcome.finished_iterations)
-        if decision.empty and not outcome.completed and not backend.in_flight and waiting - backend.failed:
-            raise RuntimeError(f"stalled: iterations {sorted(waiting)} have unplaced slices and nothing runs")
-    raise RuntimeError(f"not done after {max_steps} steps")

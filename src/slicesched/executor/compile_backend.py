@@ -2,7 +2,7 @@
 
 Dynamo finds this backend through the `torch_dynamo_backends` entry point in pyproject.toml
 (registering it again on import would trip dynamo's duplicate-name check). Dynamo hands us a
-Torch-level graph; AOTAutograd lowers it to the ATen graph `gmg/capture.py` analyses (params
+Torch-level graph; AOTAutograd lowers it to the ATen graph `executor/capture.py` analyses (params
 as inputs, FakeTensor values, module paths kept), which we slice, compile per slice and run on
 the executor. Options (all optional):
 
@@ -29,8 +29,8 @@ from slicesched.executor.program import SlicedProgram, build_program, state_tens
 from slicesched.executor.devices import DeviceConfig
 from slicesched.executor.report import ExecutionFailed, RunReport
 from slicesched.executor.runtime import Executor
-from slicesched.gmg.capture import analyse, capture_exported
-from slicesched.gmg.graph_inputs import CaptureError, aot_graph_inputs, dynamo_input_kinds, flatten_exported_inputs
+from slicesched.executor.capture import analyse, capture_exported
+from slicesched.executor.graph_inputs import CaptureError, aot_graph_inputs, dynamo_input_kinds, flatten_exported_inputs
 from slicesched.gmg.ops import Grain
 
 

@@ -70,7 +70,7 @@ def measured_peak(items: Sequence[tuple[str, Prepared]]) -> float:
     import torch
 
     from slicesched.executor import Executor
-    from slicesched.gmg.node_costs import value_bytes
+    from slicesched.executor.node_costs import value_bytes
 
     weights: dict[str, float] = {}
     worst = 0.0

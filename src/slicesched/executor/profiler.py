@@ -2,7 +2,7 @@
 
 The ops measured are the ones the executor runs: small random-weight Llama-style models (from
 configs, no downloads) over a grid of widths, GQA ratios and batch shapes (prefill chunks;
-decode batches by context), captured at op grain (`gmg/capture.py`) and run by the executor
+decode batches by context), captured at op grain (`executor/capture.py`) and run by the executor
 one op per slice. Every op becomes a profile row with the features the capture counted (FLOPs,
 bytes, weight bytes), so a model fitted to the profile answers the simulator about captured
 graphs in the same terms: GEMMs by M, N, K (the projections and MLP of each width, M the
@@ -86,8 +86,8 @@ def prepare(model, width: Width, step: Step, grain: Grain = Grain.OP, seed: int 
 
     from slicesched.executor import build_program
     from slicesched.executor.program import state_tensors_of
-    from slicesched.gmg.capture import CausalLMStep, capture_exported, export_module
-    from slicesched.gmg.graph_inputs import flatten_exported_inputs
+    from slicesched.executor.capture import CausalLMStep, capture_exported, export_module
+    from slicesched.executor.graph_inputs import flatten_exported_inputs
 
     g = torch.Generator().manual_seed(seed)
     stepper = CausalLMStep(model).eval()

@@ -20,9 +20,9 @@ import torch
 import torch.fx as fx
 
 from slicesched.gmg.ops import Grain
-from slicesched.gmg.capture import CapturedGraph
-from slicesched.gmg.graph_inputs import CaptureError
-from slicesched.gmg.node_costs import op_name, value_bytes
+from slicesched.executor.capture import CapturedGraph
+from slicesched.executor.graph_inputs import CaptureError
+from slicesched.executor.node_costs import op_name, value_bytes
 
 #: Nodes that only assert metadata at run time; nothing reads their (None) result.
 _ASSERTS = frozenset(("_assert_tensor_metadata", "_assert_scalar", "_assert_async"))

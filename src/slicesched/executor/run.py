@@ -20,7 +20,7 @@ from slicesched.executor.devices import copy_value, record_stream
 from slicesched.executor.program import SliceCode, SlicedProgram
 from slicesched.executor.report import (Refused, RunReport, RunResult, SliceRecord, TransferRecord,
                                         name_failure)
-from slicesched.gmg.node_costs import value_bytes
+from slicesched.executor.node_costs import value_bytes
 from slicesched.decisions import OOMEvent
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from slicesched.executor.program import OutputRef, SliceCode, SlicedProgram
 from slicesched.executor.report import (Refused, RunReport, RunResult, SliceRecord, TransferRecord,
                                         name_failure, records_from)
 from slicesched.executor.run import Run
-from slicesched.gmg.node_costs import value_bytes
+from slicesched.executor.node_costs import value_bytes
 from slicesched.decisions import OOMEvent
 
 

@@ -40,8 +40,8 @@ from slicesched.executor import collectives
 from slicesched.executor.program import SliceCode, SlicedProgram, build_program
 from slicesched.executor.report import RunReport, RunResult, SliceRecord
 from slicesched.executor.run import Run
-from slicesched.gmg.capture import CausalLMStep, capture_exported, export_module
-from slicesched.gmg.graph_inputs import flatten_exported_inputs
+from slicesched.executor.capture import CausalLMStep, capture_exported, export_module
+from slicesched.executor.graph_inputs import flatten_exported_inputs
 from slicesched.gmg.ops import Grain
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ per op (FLOPs, bytes, weights, activations, KV) plus data-dependency edges and t
 ops into slices. Arrays, not objects, because the GMG builds hundreds of these per second and
 the simulator and cost model work on whole columns at once.
 
-Conventions shared by the analytic builder and graph capture (`gmg/capture.py`):
+Conventions shared by the analytic builder and graph capture (`executor/capture.py`):
 - FLOPs: 2*m*n*k per GEMM; attention 4*head_dim*heads*(sum over queries of attended keys),
   causal masks halve prefill work; element-wise ops count one FLOP per output element per
   arithmetic operation (norm 4/elem, RoPE 3/elem, SiLU*mul 5/elem, GELU 8/elem, add 1/elem).
@@ -259,9 +259,6 @@ class IterationGraph:
     def slice_sum(self, column: np.ndarray) -> np.ndarray:
         """Per-slice totals of an op column (e.g. FLOPs or weight bytes of each slice)."""
         return np.add.reduceat(column, self.slice_first) if self.num_ops else column[:0]
-
-    def slice_max(self, column: np.ndarray) -> np.ndarray:
-        return np.maximum.reduceat(column, self.slice_first) if self.num_ops else column[:0]
 
     def slice_deps(self) -> tuple[np.ndarray, np.ndarray]:
         """Unique (src_slice, dst_slice) pairs of cross-slice edges."""

@@ -99,10 +99,6 @@ class Cluster:
     def group(self, gid: int) -> tuple[int, ...]:
         return self._groups[gid]
 
-    @property
-    def num_groups(self) -> int:
-        return len(self._groups)
-
     def group_link(self, a: int, b: int) -> LinkSpec:
         """Slowest link between any pair of two groups' devices (activations fan out over it)."""
         ga, gb = self._groups[a], self._groups[b]

@@ -93,9 +93,6 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         return self.num_params() * self.dtype_bytes
 
-    def layer_weight_bytes(self) -> int:
-        return self.layer_params() * self.dtype_bytes
-
     # ---- KV cache --------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token (GQA: only the KV heads are stored)."""

@@ -1,4 +1,4 @@
-"""Serving metrics (DESIGN.md section 5), computed once at the end of a run.
+"""Serving metrics, computed once at the end of a run.
 
 ``replay`` calls ``summarize`` with every request of the run (finished or not), the run's end,
 the arrival window and one ``SLA`` per tenant, and ``request_frame`` for the per-request
@@ -99,7 +99,7 @@ def request_frame(requests: Iterable[Request], slas: Mapping[str, SLA] | None = 
 class TenantSummary:
     """Metrics of one tenant (or of all, with ``tenant == ALL_TENANTS``) over one run.
 
-    Throughputs are over the arrival window (DESIGN.md 5): ``token_throughput`` = prompt +
+    Throughputs are over the arrival window: ``token_throughput`` = prompt +
     output tokens of the requests that arrived in the window / its length (the offered load,
     served or not), ``token_goodput`` the same over the requests that met their SLO,
     ``output_throughput`` the output tokens alone. Drain time is in no denominator. Latencies in

@@ -3,7 +3,7 @@
 Replay setup builds one ``SLA`` per tenant, either absolute or with ``SLA.scaled`` from the
 tenant's isolated single-request TTFT/TPOT on its own container, computed for each request's
 own prompt (``IsolatedLatency``); ``serving.metrics.summarize`` judges every request at the end
-of a run. SLOs never depend on the trace, the window or the rate scale (DESIGN.md 5).
+of a run. SLOs never depend on the trace, the window or the rate scale.
 
 Rule. A finished request violates when its TTFT exceeds the TTFT SLO or its TPOT (mean time per
 output token after the first; only defined with two or more tokens) exceeds the TPOT SLO.

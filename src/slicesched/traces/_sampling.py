@@ -4,7 +4,7 @@ All randomness comes from a caller's ``numpy.random.Generator`` so a seed fixes 
 
 Every sampler here is *prefix-consistent*: the requests drawn for a span ``[0, T)`` are exactly
 the first ones drawn for any longer span, with the same lengths. That is what makes rate scales
-nested (DESIGN.md 5): the workload at rate scale k1 < k2 is a prefix of the one at k2. So gaps
+nested: the workload at rate scale k1 < k2 is a prefix of the one at k2. So gaps
 are drawn in chunks of a fixed size (not one sized by the span), and prompt and output lengths
 come from their own child generators, never from the one that drew the arrivals.
 """

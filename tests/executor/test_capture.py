@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from slicesched.gmg import BatchShape, Grain, OpKind, build_iteration
-from slicesched.gmg.capture import CaptureError, capture, capture_compiled, capture_step
+from slicesched.executor.capture import CaptureError, capture, capture_compiled, capture_step
 from slicesched.models.spec import from_hf_config
 from torch_helpers import Branchy
 

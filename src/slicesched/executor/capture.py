@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from slicesched.gmg.graph_inputs import CaptureError, GraphInputs, aot_graph_inputs, dynamo_input_kinds, exported_inputs
-from slicesched.gmg.node_costs import (ATTENTION_OPS, GEMM_OPS, NORM_OPS, PASS_THROUGH_OPS, NodeCost, fake_value,
+from slicesched.executor.graph_inputs import CaptureError, GraphInputs, aot_graph_inputs, dynamo_input_kinds, exported_inputs
+from slicesched.executor.node_costs import (ATTENTION_OPS, GEMM_OPS, NORM_OPS, PASS_THROUGH_OPS, NodeCost, fake_value,
                                          node_arg, node_cost, op_name, shape_of, value_bytes)
 from slicesched.gmg.ops import BatchShape, Grain, IterationGraph, OpKind
 
