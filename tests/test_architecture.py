@@ -152,10 +152,16 @@ def mixin_classes() -> list[str]:
     return out
 
 
+PENDING = pytest.mark.xfail(strict=True, reason="sim/ and replay/ are still built from mixins whose state "
+                             "is written from several modules (issue 25, items 1 and 2)")
+
+
+@PENDING
 def test_no_mixins_in_simulator_or_replay() -> None:
     assert mixin_classes() == []
 
 
+@PENDING
 def test_state_of_simulator_and_replay_has_one_writer() -> None:
     assert single_writer_violations() == []
 
