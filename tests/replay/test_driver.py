@@ -351,11 +351,11 @@ def _dedicated_and_slicesched():
 
 
 def test_batching_is_the_schedulers_declared_rule():
-    """Under SliceScheduler (Batching.TPOT_BUDGET) a replica's iterations with decodes carry at
+    """Under SliceScheduler (TPOTBudget) a replica's iterations with decodes carry at
     most the prefill whose cost-model step fits in its TPOT SLO; the baselines keep the
     configured budget."""
     from slicesched.gmg import BatchShape, build_iteration
-    from slicesched.replay.serving_rules import DECODES_AT_BUDGET, TPOT_BUDGET_FRAC
+    from slicesched.sched.policies import DECODES_AT_BUDGET, TPOT_BUDGET_FRAC
     from slicesched.serving.sla import REFERENCE_PROMPT
 
     sc, cost, slas, dedicated, drv = _dedicated_and_slicesched()
@@ -374,7 +374,7 @@ def test_batching_is_the_schedulers_declared_rule():
 
 
 def test_admission_is_the_schedulers_declared_rule():
-    """SliceScheduler (Admission.DEADLINE) plans admission with each request's own TTFT deadline
+    """SliceScheduler (Deadline) plans admission with each request's own TTFT deadline
     and prefill alone from its tenant's SLA; the baselines admit first come, first served."""
     from slicesched.serving import Request
 
@@ -393,7 +393,7 @@ def test_the_ablation_serves_as_slicesched_does_without_loans():
     ab = ReplayDriver(sc, make_scheduler("dedicated-slo-aware", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
     ss = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=isolated_slas(sc, cost))
     assert ab.replicas[0].engine.decode_batch_tokens == ss.replicas[0].engine.decode_batch_tokens is not None
-    assert ab.scheduler.routing is ss.scheduler.routing and ab.scheduler.admission is ss.scheduler.admission
+    assert ab.scheduler.routing == ss.scheduler.routing and ab.scheduler.admission == ss.scheduler.admission
 
 
 def test_a_refused_kv_charge_is_one_oom_and_its_requests_retry_once_memory_can_change():
@@ -423,3 +423,27 @@ def test_a_refused_kv_charge_is_one_oom_and_its_requests_retry_once_memory_can_c
     assert res.stats.ooms == len(res.ooms) == 1 and res.ooms[0].what == "kv"
     assert all(r.state == RequestState.FINISHED for r in res.requests)
     assert sum(r.num_preemptions for r in res.requests) == 1
+
+
+def test_a_new_routing_policy_needs_no_driver_change():
+    """A scheduler supplying its own routing policy (defined here, unknown to the driver) has
+    every arrival routed by it: here, always to the tenant's last replica."""
+    from dataclasses import dataclass
+
+    from slicesched.sched.baselines import DedicatedScheduler
+
+    @dataclass(frozen=True)
+    class LastReplica:
+        def route(self, request, replicas, view):
+            return replicas[-1]
+
+    class Pinned(DedicatedScheduler):
+        routing = LastReplica()
+
+    sc = scenario(TWO_REPLICAS)
+    trace = Trace.from_columns("t", [0.0, 0.1, 0.2, 0.3], [64] * 4, [2] * 4, ["a"] * 4)
+    drv = ReplayDriver(sc, Pinned(), trace, cost=make_cost_model())
+    res = drv.run()
+    assert [r.state for r in res.requests] == [RequestState.FINISHED] * 4
+    last = drv.replicas[-1].replica.devices
+    assert {d for d, share in res.tenant_busy.items() if share} == set(last)

@@ -102,7 +102,7 @@ def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the
     home.engine.add_request(Request(100, "a", 0.0, 256, 8), 0.0)  # a short queue at home
     owner.engine.add_request(Request(200, "b", 0.0, 64, 8), 0.0)  # the owner has work
     arrival = Request(300, "a", 0.5, 1024, 8)
-    assert drv._predicted_ttft_s(guest, arrival) == pytest.approx(2 * slas["a"].ttft_plan(0.5, 1024)[1])
+    assert drv.predicted_ttft_s(guest, arrival) == pytest.approx(2 * slas["a"].ttft_plan(0.5, 1024)[1])
     assert drv._route(arrival) is home
     owner.engine.take_waiting(1)  # the owner idle again
     assert drv._route(Request(301, "a", 0.6, 1024, 8)) is guest

@@ -37,10 +37,10 @@ from slicesched.replay.deployment import Replica, build_cluster, default_replica
 from slicesched.replay.loans import LoansMixin, StagedLease
 from slicesched.replay.moves import MovesMixin
 from slicesched.replay.pipeline import MicroBatch, Pipeline
-from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState, least_loaded
-from slicesched.replay.serving_rules import decode_budget, queued_prefill_s
+from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs
-from slicesched.sched.interface import Admission, Backend, Batching, Routing, Scheduler, WhatIf
+from slicesched.sched.interface import Backend, Scheduler, WhatIf
+from slicesched.sched.policies import BatchSetting, queued_prefill_s
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
                                 TenantEngine, blocks_for, count_violations)
 from slicesched.sim import Perturbation, Simulator
@@ -117,6 +117,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         self.cfg = {t.name: t for t in sc.tenants}
         self.grain = _GRAINS[sc.replay.grain]
         self._budgets: dict[tuple[str, int], int | None] = {}  # (tenant, tp) -> decode batch budget
+        scheduler.price_with(self.cost)
         default = default_replicas(sc, self.cluster)
         self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
         pairs = scheduler.deployment(default, tenant_demands(trace, [t.name for t in sc.tenants]))
@@ -192,21 +193,20 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
                             stage_charged=[0.0] * r.pp)
 
     def _apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
-        """The batching and admission rules the scheduler declares, on a new engine of replica `r`."""
-        if self.scheduler.batching is Batching.TPOT_BUDGET and self.cfg[r.tenant].chunked_prefill:
-            engine.decode_batch_tokens = self._decode_budget(r)
-        sla = self.slas.get(r.tenant)
-        if self.scheduler.admission is Admission.DEADLINE and sla is not None:
-            engine.ttft_plan = lambda req: sla.ttft_plan(req.arrival_s, req.prompt_tokens)
+        """The batching and admission policies the scheduler supplies, on a new engine of replica `r`."""
+        engine.decode_batch_tokens = self._decode_budget(r)
+        engine.ttft_plan = self.scheduler.admission.ttft_plan(self.slas.get(r.tenant))
 
     def _decode_budget(self, r: Replica) -> int | None:
-        """`serving_rules.decode_budget` of the replica's tenant (None without an SLA), once per (tenant, tp)."""
-        key, sla = (r.tenant, r.tp), self.slas.get(r.tenant)
+        """The scheduler's batching policy for the replica's tenant, once per (tenant, tp)."""
+        key = (r.tenant, r.tp)
         if key not in self._budgets:
+            cfg = self.cfg[r.tenant]
             link = self.cluster.group_intra_link(self.cluster.group_id(r.stages[0]))
-            self._budgets[key] = None if sla is None else decode_budget(
-                self.models[r.tenant], r.tp, self.grain, self.cost, self.cluster.device_specs[r.devices[0]], link,
-                self.cfg[r.tenant].max_batch_tokens, sla.tpot_s)
+            setting = BatchSetting(self.models[r.tenant], r.tp, self.grain, self.cost,
+                                   self.cluster.device_specs[r.devices[0]], link, cfg.max_batch_tokens,
+                                   cfg.chunked_prefill, self.slas.get(r.tenant))
+            self._budgets[key] = self.scheduler.batching.decode_batch_tokens(setting)
         return self._budgets[key]
 
     def replica_loads(self) -> tuple[ReplicaLoad, ...]:
@@ -359,22 +359,19 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         if not reps:  # scaled to zero or its container moving: waits for a replica (cold start)
             self._parked.setdefault(req.tenant, []).append(req)
             return None
-        if self.scheduler.routing is Routing.PREDICTED_TTFT:
-            own = self._alone_prefill_s(req)
-            return self._admit(min(reps, key=lambda rs: (self._predicted_ttft_s(rs, req, own), rs.relative_load)), req)
-        return self._admit(least_loaded(reps), req)
+        return self._admit(self.scheduler.routing.route(req, reps, self), req)
 
-    def _alone_prefill_s(self, req: Request) -> float:
+    def alone_prefill_s(self, req: Request) -> float:
         """The request's prefill alone on its tenant's container (without an SLA: its tokens)."""
         sla = self.slas.get(req.tenant)
         return float(sla.ttft_plan(req.arrival_s, req.prompt_tokens)[1]) if sla is not None else req.prompt_tokens
 
-    def _predicted_ttft_s(self, rs: ReplicaState, req: Request, own: float | None = None) -> float:
+    def predicted_ttft_s(self, rs: ReplicaState, req: Request, own: float | None = None) -> float:
         """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
-        and its own (`own`, `_alone_prefill_s`), stretched by the replicas of other tenants with
+        and its own (`own`, `alone_prefill_s`), stretched by the replicas of other tenants with
         work on the same devices (one stream each: they take turns slice by slice). Only guests
         share devices with another tenant's replica."""
-        own = self._alone_prefill_s(req) if own is None else own
+        own = self.alone_prefill_s(req) if own is None else own
         sharing = 0
         if self.guests_live:
             devs = set(rs.replica.devices)

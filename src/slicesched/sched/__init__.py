@@ -6,6 +6,8 @@ from slicesched.sched.interface import (SCHEDULERS, Admission, Backend, Batching
                                         OOMEvent, ReplicaLoad, Routing, Scheduler, SchedulerDecision, ServingView,
                                         SliceCompletion, SlicePlacement, StepOutcome, TenantDemand, WeightCopy,
                                         WeightEviction)
+from slicesched.sched.policies import (FCFS, BatchSetting, Deadline, FixedBudget, LeastLoaded, PredictedTTFT,
+                                       TPOTBudget)
 
 
 def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
@@ -13,6 +15,7 @@ def make_scheduler(name: str, scenario: object | None = None) -> Scheduler:
     return cls.from_scenario(scenario) if scenario is not None else cls()
 
 
-__all__ = ["SCHEDULERS", "Admission", "Backend", "Batching", "ContainerMove", "GuestStart", "GuestStop", "OOMEvent", "ReplicaLoad", "Routing", "Scheduler", "SchedulerDecision",
+__all__ = ["SCHEDULERS", "FCFS", "BatchSetting", "Deadline", "FixedBudget", "LeastLoaded", "PredictedTTFT",
+           "TPOTBudget", "Admission", "Backend", "Batching", "ContainerMove", "GuestStart", "GuestStop", "OOMEvent", "ReplicaLoad", "Routing", "Scheduler", "SchedulerDecision",
            "ServingView", "SliceCompletion", "SlicePlacement", "StepOutcome", "TenantDemand", "WeightCopy",
            "WeightEviction", "make_scheduler"]

@@ -1,5 +1,5 @@
 """Container-granularity baselines: how multi-tenant serving is scheduled today, each as strong
-as its published design (DESIGN.md section 4), with one default configuration for every scenario.
+as its published design allows here, with one default configuration for every scenario.
 
 - `dedicated`: every tenant runs only on its own container(s) (one engine per model).
 - `temporal-mux`: MuxServe-style co-location planned from each tenant's load forecast
@@ -27,8 +27,9 @@ from slicesched.gmg.graph import GlobalMappingGraph
 from slicesched.gmg.ops import BatchShape
 from slicesched.hardware.specs import device_spec, link_spec
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, Admission, Batching, ContainerMove, ReplicaLoad, Routing, Scheduler,
+from slicesched.sched.interface import (SCHEDULERS, ContainerMove, ReplicaLoad, Scheduler,
                                         SchedulerDecision, ServingView, SlicePlacement, TenantDemand)
+from slicesched.sched.policies import Deadline, PredictedTTFT, TPOTBudget
 
 
 def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
@@ -58,9 +59,9 @@ class DedicatedSLOAwareScheduler(DedicatedScheduler):
     loans. SliceScheduler's margin over it is what its operator-level placement adds."""
 
     name = "dedicated-slo-aware"
-    routing = Routing.PREDICTED_TTFT
-    batching = Batching.TPOT_BUDGET
-    admission = Admission.DEADLINE  # the most requests within their TTFT SLO first
+    routing = PredictedTTFT()
+    batching = TPOTBudget()
+    admission = Deadline()  # the most requests within their TTFT SLO first
 
 
 ABLATIONS = frozenset({"dedicated-slo-aware"})
@@ -140,7 +141,6 @@ class TemporalMuxScheduler(Scheduler):
         self.tpot_slo = dict(tpot_slo or {})  # tenant -> (absolute TPOT SLO or None, SLA scale)
         self.max_util = max_util  # a merge for latency keeps 1 - max_util of headroom for bursts
         self.min_kv_frac = min_kv_frac
-        self._cost = None
 
     @classmethod
     def from_scenario(cls, scenario) -> "TemporalMuxScheduler":
@@ -192,15 +192,11 @@ class TemporalMuxScheduler(Scheduler):
         m, tp = model_spec(self.models[tenant]), len(devices)
         cross = len({x // self.devices_per_node for x in devices}) > 1
         link = self.links[1] if cross else (self.links[0] if tp > 1 else link_spec("local"))
-        if self._cost is None:
-            from slicesched.cost import make_cost_model  # the schedulers' own model, as SliceScheduler's
-
-            self._cost = make_cost_model()
         prompt = max(int(round(d.mean_prompt)), 1)
         ctx = prompt + int(d.mean_output) // 2
 
         def secs(shape: BatchShape) -> float:
-            return float(self._cost.op_times(build_iteration(m, shape, tp), self.device, link).sum())
+            return float(self.cost.op_times(build_iteration(m, shape, tp), self.device, link).sum())
 
         prefill = secs(BatchShape(np.array([prompt]), np.array([0]), 1))
         step1, step32 = secs(BatchShape.decode(1, ctx)), secs(BatchShape.decode(32, ctx))

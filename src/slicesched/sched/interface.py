@@ -11,8 +11,7 @@ executor implement the same `Backend`, so any scheduler drives either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
-from enum import Enum
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from slicesched.decisions import (ContainerMove, Completions, GuestStart, GuestStop, OOMEvent,  # noqa: F401
@@ -20,8 +19,12 @@ from slicesched.decisions import (ContainerMove, Completions, GuestStart, GuestS
                                  SliceCompletion, SlicePlacement, StepInputs, StepOutcome, TenantDemand, WeightCopy,
                                  WeightEviction)  # re-exported: schedulers import them from here
 from slicesched.registry import Registry
+from slicesched.sched.policies import FCFS, FixedBudget, LeastLoaded
 
 if TYPE_CHECKING:
+    from slicesched.cost import CostModel
+    from slicesched.sched.policies import BatchSetting
+    from slicesched.serving import Request, TenantEngine
     from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
     from slicesched.gmg.ops import IterationGraph
     from slicesched.serving.sla import SLA
@@ -73,34 +76,64 @@ class PlacementView(ServingView, Protocol):
     def shard_leases(self) -> tuple[ShardLease, ...]: ...
 
 
-class Routing(str, Enum):
-    """How the driver sends an arrival to one of its tenant's replicas (declared by a scheduler)."""
+class RoutedReplica(Protocol):
+    """What a routing policy reads of a replica (the driver's replica state)."""
 
-    LEAST_LOADED = "least-loaded"  # fewest outstanding requests per KV token of capacity (vLLM-style routers)
-    PREDICTED_TTFT = "predicted-ttft"  # least isolated prefill time queued ahead of it (ties: least loaded)
+    @property
+    def relative_load(self) -> float:
+        """Outstanding requests per KV token of capacity."""
+        ...
 
-
-class Batching(str, Enum):
-    """How a replica's engine sizes an iteration that carries decodes (declared by a scheduler)."""
-
-    FIXED = "fixed"  # the tenant's max_batch_tokens, as configured (vLLM)
-    TPOT_BUDGET = "tpot-budget"  # at most the prefill work whose step fits within its TPOT SLO (Sarathi-Serve)
+    @property
+    def engine(self) -> "TenantEngine": ...
 
 
-class Admission(str, Enum):
-    """In what order a replica's engine admits waiting requests (declared by a scheduler)."""
+class RoutingView(Protocol):
+    """What a routing policy may ask the driver of the run."""
 
-    FCFS = "fcfs"  # arrival order (vLLM)
-    DEADLINE = "deadline"  # the most requests within their TTFT SLO first (earliest deadline; hopeless ones last)
+    def alone_prefill_s(self, request: "Request") -> float:
+        """The request's prefill alone on its tenant's container (without an SLA: its tokens)."""
+        ...
+
+    def predicted_ttft_s(self, replica: RoutedReplica, request: "Request", own: float) -> float:
+        """The arrival's TTFT at `replica` from isolated prefill times: the prefill queued there
+        and its own (`own`), stretched by other tenants' replicas working on the same devices."""
+        ...
+
+
+class Routing(Protocol):
+    """Sends an arrival to one of its tenant's replicas (`sched.policies`: LeastLoaded, PredictedTTFT)."""
+
+    def route(self, request: "Request", replicas: Sequence[RoutedReplica], view: RoutingView) -> RoutedReplica: ...
+
+
+class Batching(Protocol):
+    """Sizes a replica's iterations that carry decodes (`sched.policies`: FixedBudget, TPOTBudget)."""
+
+    def decode_batch_tokens(self, setting: "BatchSetting") -> int | None:
+        """The token budget of such an iteration; None: the tenant's `max_batch_tokens`."""
+        ...
+
+
+class Admission(Protocol):
+    """Orders a replica's waiting requests (`sched.policies`: FCFS, Deadline)."""
+
+    def ttft_plan(self, sla: "SLA | None") -> "Callable[[Request], tuple[float, float]] | None":
+        """A request's (TTFT deadline, isolated prefill seconds) for the engine's deadline-aware
+        order; None: arrival order."""
+        ...
 
 
 class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
     name: ClassVar[str] = ""
-    routing: ClassVar[Routing] = Routing.LEAST_LOADED
-    batching: ClassVar[Batching] = Batching.FIXED
-    admission: ClassVar[Admission] = Admission.FCFS
+    routing: ClassVar[Routing] = LeastLoaded()
+    batching: ClassVar[Batching] = FixedBudget()
+    admission: ClassVar[Admission] = FCFS()
+    #: The run's cost model (`price_with`): what the scheduler prices iterations and transfers
+    #: with, the same model its what-if forks use. Standalone, the roofline.
+    _cost: "CostModel | None" = None
     #: Serves pipeline-parallel replicas (pp > 1: one GMG iteration per stage and micro-batch,
     #: each placed on its home stage group). Those that do not are refused such scenarios.
     supports_pp: ClassVar[bool] = False
@@ -114,6 +147,18 @@ class Scheduler(ABC):
         super().__init_subclass__(**kwargs)
         if "schedule" in cls.__dict__ and "home_only" not in cls.__dict__:
             cls.home_only = False  # a schedule() of its own decides anew: home-only only if it says so
+
+    def price_with(self, cost: "CostModel") -> None:
+        """Called by the driver first, before `deployment`: the run's cost model."""
+        self._cost = cost
+
+    @property
+    def cost(self) -> "CostModel":
+        if self._cost is None:
+            from slicesched.cost import make_cost_model
+
+            self._cost = make_cost_model()
+        return self._cost
 
     @classmethod
     def from_scenario(cls, scenario: object) -> "Scheduler":

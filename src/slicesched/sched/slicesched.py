@@ -48,9 +48,10 @@ from slicesched.config.scenario import SliceSchedConfig
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, Admission, Batching, GuestStart, GuestStop, PlacementView, Routing, Scheduler,
+from slicesched.sched.interface import (SCHEDULERS, GuestStart, GuestStop, PlacementView, Scheduler,
                                         SchedulerDecision, ShardRelease, ShardStage, SlicePlacement, StepOutcome)
 from slicesched.sched.lending import Lease, LendingMixin
+from slicesched.sched.policies import Deadline, PredictedTTFT, TPOTBudget
 
 HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
 _RUNNING = int(SliceState.RUNNING)
@@ -122,9 +123,9 @@ class RunReport:
 @SCHEDULERS.register("slicesched")
 class SliceScheduler(LendingMixin, Scheduler):
     name = "slicesched"
-    routing = Routing.PREDICTED_TTFT  # arrivals go where the least prefill work is queued
-    batching = Batching.TPOT_BUDGET  # prefill riding with decodes kept within their TPOT SLO
-    admission = Admission.DEADLINE  # the most requests within their TTFT SLO first
+    routing = PredictedTTFT()  # arrivals go where the least prefill work is queued
+    batching = TPOTBudget()  # prefill riding with decodes kept within their TPOT SLO
+    admission = Deadline()  # the most requests within their TTFT SLO first
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
                  capacity_bytes: float = 80e9) -> None:
@@ -134,14 +135,12 @@ class SliceScheduler(LendingMixin, Scheduler):
         self.report = RunReport()
         self._view: PlacementView | None = None
         self._leases: dict[int, Lease] = {}  # home group -> lease (resident shards only)
-        self._pending: set[tuple[str, tuple[int, ...]]] = set()  # staged, copies still in flight
         self._mode: dict[int, tuple[bool, bool]] = {}  # iteration key -> (wide, lender was live)
         self._last_busy: dict[int, float] = {}  # home group -> last time it had requests
         self._releasing: set[int] = set()  # home groups whose lease is being given back
         self._next_check = 0.0
         self._whatif_budget = 0  # memory what-ifs left in this lease check
         self._now = 0.0
-        self._cost = None
         self._memo: dict[tuple, tuple[int, float]] = {}  # shape class -> (mode, decided at)
         self._forecast: dict[str, float] = {}  # tenant -> forecast requests per replica
         self._forecast_end: dict[int, tuple[int, float, float]] = {}  # key -> (wide, decided at, forecast end)
@@ -315,13 +314,10 @@ class SliceScheduler(LendingMixin, Scheduler):
 
     def _sync_estimate(self, gmg: GlobalMappingGraph, key: int, lease: Lease) -> float:
         """Cost-model seconds to copy a whole-wide iteration's borrowed KV heads home."""
-        from slicesched.cost import make_cost_model
-
-        self._cost = self._cost or make_cost_model()
         graph = gmg.iterations[key].graph
         nbytes = graph.shape.num_tokens * model_spec(graph.model).kv_bytes_per_token() / (
             len(lease.home) + len(lease.devices))
-        return self._cost.transfer_time(nbytes, gmg.cluster.link(lease.home[0], lease.devices[0]))
+        return self.cost.transfer_time(nbytes, gmg.cluster.link(lease.home[0], lease.devices[0]))
 
     def _simulate_choice(self, gmg: GlobalMappingGraph, key: int, lease: Lease, placed: list[SlicePlacement],
                          lender_keys: tuple[int, ...], mode: int) -> bool:
@@ -381,12 +377,9 @@ class SliceScheduler(LendingMixin, Scheduler):
 
     def _home_estimate(self, gmg: GlobalMappingGraph, key: int, lease: Lease) -> float:
         """Cost-model seconds of the iteration alone at home: bounds how far the forks run."""
-        from slicesched.cost import make_cost_model
-
-        self._cost = self._cost or make_cost_model()
         graph = gmg.iterations[key].graph
         spec = gmg.cluster.device_specs[lease.home[0]]
-        return float(self._cost.op_times(graph, spec, gmg.cluster.group_intra_link(lease.home_group)).sum())
+        return float(self.cost.op_times(graph, spec, gmg.cluster.group_intra_link(lease.home_group)).sum())
 
     def _predict(self, gmg: GlobalMappingGraph, placements: list[SlicePlacement], horizon: float,
                  watch: tuple[int, ...], focus: tuple[int, ...]):
