@@ -44,4 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from _docs import record_if_asked
+
+    record_if_asked("baselines")
     sys.exit(main())

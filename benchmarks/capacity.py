@@ -81,4 +81,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from _docs import record_if_asked
+
+    record_if_asked("capacity")
     main(sys.argv[1:])

@@ -156,4 +156,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from _docs import record_if_asked
+
+    record_if_asked("replay")
     sys.exit(main())

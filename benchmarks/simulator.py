@@ -203,4 +203,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _docs import record_if_asked
+
+    record_if_asked("simulator")
     main()
