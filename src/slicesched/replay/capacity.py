@@ -1,4 +1,4 @@
-"""Capacity at SLA (DESIGN.md 5): the largest rate scale whose violation rate, averaged over
+"""Capacity at SLA: the largest rate scale whose violation rate, averaged over
 several seeds, stays within the bound; and the cluster's roofline bound for the workload.
 
 Rate scales are prefix-nested (`replay.workload`), so the violation curve of one seed is a

@@ -1,6 +1,6 @@
 """The replay driver: requests -> tenant engines -> GMG iterations -> scheduler -> backend.
 
-One loop, the data path of DESIGN.md section 3:
+One loop, the data path ARCHITECTURE.md draws:
 
     arrivals --route--> replica engines --next_batch--> build_iteration --> backend.add_iteration
     scheduler.schedule(gmg) --> decision --> backend.execute(decision, until=next wake-up)
@@ -81,7 +81,7 @@ class RunResult:
     timeline: dict | None = None  # Perfetto trace, when recorded
     tenant_busy: dict[int, dict[str, float]] = field(default_factory=dict)  # device -> tenant -> compute s
     home: dict[int, str] = field(default_factory=dict)  # device -> tenant of its scenario container
-    window_s: float = 0.0  # the arrival window: throughputs divide by it (DESIGN.md 5)
+    window_s: float = 0.0  # the arrival window: throughputs divide by it
 
 
 class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):

@@ -1,4 +1,4 @@
-"""Per-request SLOs from the model, the container and the request's own prompt (DESIGN.md 5).
+"""Per-request SLOs from the model, the container and the request's own prompt.
 
 A tenant's scaled TTFT SLO for a request is `sla_scale` x the time its chunked prefill would take
 alone on the tenant's container, and its TPOT SLO `sla_scale` x one batch-1 decode step at its

@@ -9,7 +9,7 @@ from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen
 
 def scenario_trace(sc: Scenario, rate_scale: float = 1.0, duration_s: float | None = None) -> Trace:
     """The workload at rate scale k: `duration_s` seconds of arrivals after dividing the scenario's
-    arrival times by `rate_scale` (DESIGN.md 5).
+    arrival times by `rate_scale`.
 
     One fixed sequence of requests per seed: streams are generated for `duration_s * rate_scale`
     seconds of their own time by prefix-consistent generators, with arrivals and lengths from
