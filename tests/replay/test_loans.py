@@ -33,7 +33,7 @@ def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
     drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [0.0], [10], [2], ["a"]))
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
     free = next(rs.engine.kv.num_free for rs in drv.replicas if rs.replica.tenant == "b")
-    (owner, n), = drv._borrow(b_devs, 1e9)  # one owner holds both devices: lent once, not refused
+    (owner, n), = drv.loans.borrow(b_devs, 1e9)  # one owner holds both devices: lent once, not refused
     assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n
 
 
@@ -48,7 +48,7 @@ def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_it
                        cost=cost, slas=isolated_slas(sc, cost))
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv._start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
     assert guest is not None and guest.guest
     home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)  # a long prompt queued at home
     assert drv._route(Request(200, "a", 0.0, 512, 8)) is home  # the guest's weights are still in flight
@@ -67,18 +67,18 @@ def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv()
     drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]), cost=cost)
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv._start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
     reqs = [Request(100 + i, "a", 0.0, 1000, 50) for i in range(2)]
     for r in reqs:
         guest.engine.add_request(r, 0.0)
     guest.engine.on_batch_done(guest.engine.next_batch(0.0), 0.1)  # prefilled, decoding
-    drv._stop_guest(GuestStop("a", b_devs, drain=False), 0.2)
+    drv.loans.stop_guest(GuestStop("a", b_devs, drain=False), 0.2)
     assert guest not in drv.replicas and not home.engine.has_work()  # in flight over the link
-    (t, _, dst, moved), = drv._kv_moves
+    (t, _, dst, moved), = drv.loans.kv_moves
     nbytes = 2 * 1000 * drv.models["a"].kv_bytes_per_token() / 2  # each of the 2 devices: its half
     assert dst is home and t == pytest.approx(0.2 + cost.transfer_time(nbytes, drv.cluster.link(b_devs[0], home.replica.devices[0])))
-    assert drv.kv_bytes_moved == pytest.approx(2 * nbytes)
-    drv._land_kv_moves(t)
+    assert drv.loans.kv_bytes_moved == pytest.approx(2 * nbytes)
+    drv.loans.land_kv_moves(t)
     assert home.engine.num_running == 2 and [r.num_computed_tokens for r in reqs] == [1000, 1000]
     assert all(r.num_preemptions == 0 for r in reqs)
 
@@ -97,7 +97,7 @@ def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the
                        cost=cost, slas=slas)
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     owner = next(rs for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv._start_guest(GuestStart("a", owner.replica.devices, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", owner.replica.devices, home.replica.devices, 10e9), 0.0)
     drv.backend.run()  # the guest's weights land
     home.engine.add_request(Request(100, "a", 0.0, 256, 8), 0.0)  # a short queue at home
     owner.engine.add_request(Request(200, "b", 0.0, 64, 8), 0.0)  # the owner has work
@@ -118,7 +118,7 @@ def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():
     drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]))
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv._start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
     drv.backend.run()
     guest.engine.add_request(Request(100, "a", 0.0, 512, 8), 0.0)
     home.engine.add_request(Request(101, "a", 0.0, 512, 8), 0.0)
@@ -127,5 +127,5 @@ def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():
     keys = {rs: k for k, (rs, _) in drv.inflight.items()}
     place = [SlicePlacement(drv.gmg.iterations[keys[rs]].base, rs.group, 1) for rs in (guest, home)]
     decision = SchedulerDecision(drv.backend.now, tuple(place))
-    drv._drop_inflight(guest)
+    drv.drop_inflight(guest)
     assert drv._live_placements(decision).placements == (place[1],)

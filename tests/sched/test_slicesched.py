@@ -376,18 +376,18 @@ def replay(text):
 
 def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
     s, d, r = replay(HOT_COLD)
-    assert r.stats.ooms == 0 and d.shards_staged == 1
+    assert r.stats.ooms == 0 and d.loans.shards_staged == 1
     assert s.report.wide_iterations > 0 and s.report.slices_away > 0
-    assert s.report.whole_iterations > 0 and d.kv_bytes_moved > 0  # the borrowed heads' KV came home
+    assert s.report.whole_iterations > 0 and d.loans.kv_bytes_moved > 0  # the borrowed heads' KV came home
     assert r.tenant_busy[1].get("hot", 0.0) > 0.01  # compute seconds of hot on the cold device
     assert all(q.finish_s is not None for q in r.requests)
     rep = r.stats.scheduler_report  # what it did, for the run's summary
-    assert rep["wide_iterations"] == s.report.wide_iterations and rep["kv_bytes_moved"] == d.kv_bytes_moved
+    assert rep["wide_iterations"] == s.report.wide_iterations and rep["kv_bytes_moved"] == d.loans.kv_bytes_moved
 
 
 def test_replay_overflow_replica_on_another_node_serves_the_hot_tenant_without_ooms():
     s, d, r = replay(HOT_COLD.replace("devices_per_node = 2", "nodes = 2\n    devices_per_node = 1"))
-    assert d.shards_staged == 0 and d.guests_started == 1  # no lender on hot's node: a guest on cold's
+    assert d.loans.shards_staged == 0 and d.loans.guests_started == 1  # no lender on hot's node: a guest on cold's
     assert r.stats.ooms == 0 and s.report.guest_starts == 1
     assert r.tenant_busy[1].get("hot", 0.0) > 0.01  # hot's compute on the cold tenant's device
     assert all(q.finish_s is not None for q in r.requests)

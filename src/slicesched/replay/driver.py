@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,13 +31,14 @@ from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, build_iteratio
 from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
-from slicesched.replay.attribution import AttributionMixin
+from slicesched.replay.attribution import Attribution
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
-from slicesched.replay.loans import LoansMixin, StagedLease
-from slicesched.replay.moves import MovesMixin
+from slicesched.replay.fleet import Fleet
+from slicesched.replay.loans import Loans
+from slicesched.replay.moves import Moves
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
-from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs
+from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs, WeightEviction
 from slicesched.sched.interface import Backend, Scheduler, WhatIf
 from slicesched.sched.policies import BatchSetting, queued_prefill_s
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
@@ -84,7 +84,7 @@ class RunResult:
     window_s: float = 0.0  # the arrival window: throughputs divide by it
 
 
-class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
+class ReplayDriver:
     """Replays one trace through one scheduler on the simulated cluster of a scenario."""
 
     def __init__(self, sc: Scenario, scheduler: Scheduler, trace: Trace, *, rate_scale: float = 1.0,
@@ -138,38 +138,32 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
                                  or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline))
         self._no_decision = SchedulerDecision(0.0)  # what a home-only scheduler leaves the lane to do
-        self.replicas: list[ReplicaState] = []
         pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization)
-        for r, pool in zip(replicas, pools):
-            self.replicas.append(self._start_replica(r, pool))
+        self.fleet = Fleet([self.start_replica(r, pool) for r, pool in zip(replicas, pools)])
         self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
-        self._activations: list[tuple[float, Replica]] = []  # (ready time, replica) being loaded
-        self._parked: dict[str, list[Request]] = {}  # tenant without an active replica -> arrivals
         self.ooms: list[OOMEvent] = []
         self._kv_ooms: list[OOMEvent] = []  # OOMs of KV charges since the last outcome (handled at once)
         self.iterations = 0
-        self.moves = 0
         self.rejected = 0
         self.over_context = 0
-        self.guests_started = 0
-        self._leases: dict[tuple[str, tuple[int, ...]], StagedLease] = {}  # staged shards
-        self._syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
-        self._kv_moves: list[tuple] = []  # (landing time, seq, replica, requests): KV caches in flight
-        self._move_seq = itertools.count()
+        self.loans = Loans(self)  # guests, staged shards, KV caches in flight (SliceScheduler)
+        self.moves = Moves(self)  # container moves (realloc)
         self._dropped = False  # an iteration was dropped while the current decision was carried out
         # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
         self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
-        self.shards_staged = 0
-        self.shard_bytes_moved = 0.0
-        self.kv_bytes_moved = 0.0
-        self._group_busy: dict[str, np.ndarray] = {}  # tenant -> compute seconds per device group
+        self.attribution = Attribution(self.gmg, self.cluster, self._lane)
         scheduler.attach(self)
 
     # ---- replicas ---------------------------------------------------------------------------
-    def _start_replica(self, r: Replica, kv_pool: float) -> ReplicaState:
+    @property
+    def replicas(self) -> list[ReplicaState]:
+        """The fleet's replicas, in serving order (read-only: the fleet changes them)."""
+        return self.fleet.replicas
+
+    def start_replica(self, r: Replica, kv_pool: float) -> ReplicaState:
         """Load the replica's weights (each pipeline stage's devices only its layers') and start
         its engine, which keeps up to pp micro-batches in flight. `kv_pool` is per device of the
         stage with the most KV per token (`kv_pool_bytes`)."""
@@ -184,7 +178,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         kv = pool(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=r.pp)
-        self._apply_serving_rules(engine, r)
+        self.apply_serving_rules(engine, r)
         groups = tuple(self.cluster.group_id(devs) for devs in r.stages)
         if r.pp == 1:
             return ReplicaState(r, groups[0], engine, per_tok)
@@ -192,7 +186,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         return ReplicaState(r, groups[0], engine, per_tok, pipe=Pipeline(groups, links), stage_kv=stage_kv,
                             stage_charged=[0.0] * r.pp)
 
-    def _apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
+    def apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
         """The batching and admission policies the scheduler supplies, on a new engine of replica `r`."""
         engine.decode_batch_tokens = self._decode_budget(r)
         engine.ttft_plan = self.scheduler.admission.ttft_plan(self.slas.get(r.tenant))
@@ -220,7 +214,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         return tuple(out)
 
     def parked(self) -> dict[str, int]:
-        return {t: len(q) for t, q in self._parked.items()}
+        return self.fleet.parked_counts()
 
     def sla_of(self, tenant: str) -> SLA | None:
         return self.slas.get(tenant)
@@ -231,12 +225,10 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         return self.backend.what_if
 
     def shard_leases(self) -> tuple[ShardLease, ...]:
-        return tuple(ShardLease(ls.stage.tenant, ls.stage.home, ls.stage.devices, ls.stage.blocks,
-                                ls.stage.lent_bytes, ls.stage.kv_mirror_bytes, ls.mirror_charged)
-                     for ls in self._leases.values())
+        return self.loans.shard_leases()
 
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
-        return [rs for rs in self.replicas if rs.replica.tenant == tenant]
+        return self.fleet.of(tenant)
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> RunResult:
@@ -258,6 +250,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         stalls, next_check = 0, VIOLATION_CHECK_S
         # Replicas that may be able to form a batch (ordered dict: deterministic launch order).
         dirty: dict[ReplicaState, None] = dict.fromkeys(self.replicas)
+        fleet, loans = self.fleet, self.loans
         while True:
             now = self.backend.now
             while i < n and reqs[i].arrival_s <= now:
@@ -265,14 +258,15 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
                 if rs is not None:
                     dirty[rs] = None
                 i += 1
-            if self._activations:  # (the common case skips these calls: a loop turn per event)
-                for rs in self._activate_loaded(now):
+            if fleet.loading:  # (the common case skips these calls: a loop turn per event)
+                for rs in self.moves.activate_loaded(now):
                     dirty[rs] = None
-            if self._kv_moves:
-                for rs in self._land_kv_moves(now):
+            if loans.kv_moves:
+                for rs in loans.land_kv_moves(now):
                     dirty[rs] = None
-            while self._syncs and self._syncs[0][0] <= now:  # wide iterations whose KV sync is done
-                dirty[self._complete(heapq.heappop(self._syncs)[1], now, synced=True)] = None
+            if loans.syncs:  # wide iterations whose KV sync is done
+                for key in loans.synced_by(now):
+                    dirty[self._complete(key, now, synced=True)] = None
             while self._sends and self._sends[0][0] <= now:  # activations landed on the next stage
                 _, _, rs, mb = heapq.heappop(self._sends)
                 if rs.pipe.arrive(mb, mb.stage + 1):
@@ -285,11 +279,11 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             else:  # a home-only scheduler decides nothing (the lane places every iteration)
                 decision = self._no_decision
             wake = min(reqs[i].arrival_s if i < n else math.inf,
-                       self._next_activation() if self._activations else math.inf, horizon,
-                       self._syncs[0][0] if self._syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
-                       self._kv_moves[0][0] if self._kv_moves else math.inf)
-            if (not self.inflight and not self._sends and not self._kv_moves and i >= n
-                    and not self._activations) or now >= horizon:
+                       fleet.next_loaded() if fleet.loading else math.inf, horizon,
+                       loans.syncs[0][0] if loans.syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
+                       loans.kv_moves[0][0] if loans.kv_moves else math.inf)
+            if (not self.inflight and not self._sends and not loans.kv_moves and i >= n
+                    and not fleet.loading) or now >= horizon:
                 break
             outcome = self.backend.execute(decision, until=wake, wake=self.scheduler.wake_on())
             self.scheduler.update(outcome)
@@ -324,17 +318,17 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         of iterations it dropped)."""
         self._dropped = False  # set when carrying the decision out drops an iteration
         if decision.container_moves:
-            self._apply_moves(decision.container_moves)
+            self.moves.apply(decision.container_moves)
         for stop in decision.guest_stops:
-            dirty.update(dict.fromkeys(self._stop_guest(stop, now)))
+            dirty.update(dict.fromkeys(self.loans.stop_guest(stop, now)))
         for start in decision.guest_starts:
-            g = self._start_guest(start, now)
+            g = self.loans.start_guest(start, now)
             if g is not None:
                 dirty[g] = None
         for rel in decision.shard_releases:
-            dirty.update(dict.fromkeys(self._release_shards(rel, now)))
+            dirty.update(dict.fromkeys(self.loans.release_shards(rel, now)))
         for st in decision.shard_stages:
-            self._stage_shards(st, now)
+            self.loans.stage_shards(st, now)
         if self._dropped:  # a guest stopped at once: its iterations are gone, so are their placements
             decision = self._live_placements(decision)
         return decision
@@ -342,7 +336,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
         # a guest takes arrivals once its weights are resident (until then it would only queue them)
-        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining and (not rs.guest or self._loaded(rs))]
+        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining and (not rs.guest or self.loans.weights_resident(rs))]
         # Beyond the model's context window (the trace's output length stands in for the client's
         # max_tokens; only this check sees it, never a scheduler): cut to fit or refused, per
         # `replay.over_context`. A prompt beyond the KV pool is always refused.
@@ -357,9 +351,9 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             self.over_context += 1
             return self._reject(req)
         if not reps:  # scaled to zero or its container moving: waits for a replica (cold start)
-            self._parked.setdefault(req.tenant, []).append(req)
+            self.fleet.park(req)
             return None
-        return self._admit(self.scheduler.routing.route(req, reps, self), req)
+        return self.admit(self.scheduler.routing.route(req, reps, self), req)
 
     def alone_prefill_s(self, req: Request) -> float:
         """The request's prefill alone on its tenant's container (without an SLA: its tokens)."""
@@ -381,10 +375,9 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
 
     @property
     def guests_live(self) -> bool:
-        """Is any guest replica up (the only replicas that share devices with another tenant's)?"""
-        return any(rs.guest for rs in self.replicas)
+        return self.fleet.guests_live
 
-    def _admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
+    def admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
         if req.prompt_tokens >= target.engine.max_model_len:
             return self._reject(req)
         target.engine.add_request(req, req.arrival_s)
@@ -419,7 +412,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             h = self.backend.add_iteration(graph, home=rs.group, inputs=inputs)
             self.inflight[h.key] = (rs, batch)
         self.iterations += 1
-        self._charge_kv(rs, now)
+        self.charge_kv(rs, now)
 
     def _inputs(self, rs: ReplicaState, batch: Batch) -> StepInputs:
         """Token ids and KV blocks of a batch, for a backend that runs the model. A request's
@@ -458,7 +451,7 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         if mb.stage == rs.pipe.pp - 1:
             return None
         del self.inflight[key]
-        self._attribute_key(key)
+        self.attribution.attribute_key(key)
         self.backend.retire(key)
         delay = self.cost.transfer_time(send_bytes(mb.graphs[mb.stage]), rs.pipe.links[mb.stage])
         heapq.heappush(self._sends, (t + delay, key, rs, mb))
@@ -470,24 +463,21 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             rs = self._stage_done(key, t)
             if rs is not None:
                 return rs
-        if not synced and self._leases:
-            delay = self._kv_sync_s(key)
-            if delay > 0:  # done once its KV shard is copied home (and the mirror caught up)
-                heapq.heappush(self._syncs, (t + delay, key))
-                return self.inflight[key][0]
+        if not synced and self.loans.leases and self.loans.sync_first(key, t):
+            return self.inflight[key][0]  # done once its KV shard is copied home (and the mirror caught up)
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t, tokens)
-        self._attribute_key(key)
+        self.attribution.attribute_key(key)
         self.backend.retire(key)
-        self._charge_kv(rs, t)
+        self.charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
             if rs.guest:
-                self._release_guest(rs, t)
+                self.loans.release_guest(rs, t)
             else:
-                self._finish_drain(rs, t)
+                self.moves.finish_drain(rs, t)
         return rs
 
-    def _charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:
+    def charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:
         """Bring the KV bytes charged to `devices` from `charged` to `target`; False after an
         OOM (handled here), when the charge stays as it was."""
         delta = target - charged
@@ -501,17 +491,17 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
             self.backend.free_kv(devices, -delta, tenant)
         return True
 
-    def _charge_kv(self, rs: ReplicaState, t: float) -> None:
+    def charge_kv(self, rs: ReplicaState, t: float) -> None:
         """Keep device memory in step with the KV blocks the engine holds."""
         if rs.stage_kv:
             self._charge_stages(rs)
             return
         used = rs.engine.kv.used_blocks * BLOCK_TOKENS * rs.kv_bytes_per_token
-        if not self._charge(rs.replica.devices, rs.replica.tenant, rs.kv_charged, used):
+        if not self.charge(rs.replica.devices, rs.replica.tenant, rs.kv_charged, used):
             return
-        rs.kv_charged = used
-        if self._leases:
-            self._charge_mirror(rs)
+        rs.book_kv(used)
+        if self.loans.leases:
+            self.loans.charge_mirror(rs)
 
     def _charge_stages(self, rs: ReplicaState) -> None:
         """`_charge_kv` of a pipeline replica: each stage's devices hold its layers' KV."""
@@ -519,10 +509,10 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         if rs.stage_charged == [tokens * k for k in rs.stage_kv]:
             return  # most steps allocate no block: nothing to charge (what the loop below would find)
         for s, (devs, per_tok) in enumerate(zip(rs.replica.stages, rs.stage_kv)):
-            if not self._charge(devs, rs.replica.tenant, rs.stage_charged[s], tokens * per_tok):
+            if not self.charge(devs, rs.replica.tenant, rs.stage_charged[s], tokens * per_tok):
                 return  # the OOM's preemption charged every stage anew
-            rs.stage_charged[s] = tokens * per_tok
-        rs.kv_charged = tokens * rs.kv_bytes_per_token
+            rs.book_stage(s, tokens * per_tok)
+        rs.book_kv(tokens * rs.kv_bytes_per_token)
 
     def _on_oom(self, oom: OOMEvent) -> list[ReplicaState]:
         """An OOM is paid for: every replica on the device preempts and recomputes its requests;
@@ -530,11 +520,20 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         self.ooms.append(oom)
         hit = [rs for rs in self.replicas if oom.device in rs.replica.devices]
         for rs in hit:
-            rs.oom_at = oom.time
+            rs.preempted_by_oom(oom.time)
             rs.engine.preempt_all(oom.time)
-            self._drop_inflight(rs)
-            self._charge_kv(rs, oom.time)
+            self.drop_inflight(rs)
+            self.charge_kv(rs, oom.time)
         return hit
+
+    def evict_weights(self, rs: ReplicaState, now: float) -> None:
+        """Evict a removed replica's weights, through the simulator so the memory log has them,
+        from every device no other replica of the same tenant still uses."""
+        tenant = rs.replica.tenant
+        kept = {d for o in self.fleet.of(tenant) for d in o.replica.devices}
+        self.backend.apply(SchedulerDecision(now, evictions=tuple(
+            WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
+            for blk in range(2 * self.models[tenant].layers + 2))))
 
     def _live_placements(self, decision: SchedulerDecision) -> SchedulerDecision:
         """The decision without placements of iterations dropped since it was made."""
@@ -546,17 +545,17 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
                 keep.append(p)
         return decision if len(keep) == len(decision.placements) else dataclasses.replace(decision, placements=tuple(keep))
 
-    def _drop_inflight(self, rs: ReplicaState) -> None:
+    def drop_inflight(self, rs: ReplicaState) -> None:
         for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
             self._dropped = True
             del self.inflight[key]
             if self._lane is not None:  # its slices that ended count; the lane forgets the rest
-                self._attribute_key(key, finished=False)
+                self.attribution.attribute_key(key, finished=False)
                 self.backend.abort_iteration(key)
                 continue
             it = self.gmg.iterations[key]
             self.backend.abort_iteration(key)
-            self._attribute(it, finished=False)  # after the abort, which settles the slices it ran
+            self.attribution.attribute(it, finished=False)  # after the abort, which settles the slices it ran
 
     # ---- result -----------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
@@ -564,15 +563,16 @@ class ReplayDriver(LoansMixin, MovesMixin, AttributionMixin):
         makespan = max([self.backend.now, *ends]) if ends else max(self.backend.now, 1e-9)
         dev, s, e = self.gmg.busy.since(-math.inf)  # every busy interval, pending ones included
         busy = {d: np.stack([s[dev == d], e[dev == d]], 1) for d in range(self.cluster.num_devices)}
-        stats = RunStats(wall_s, self.iterations, self.backend.op_events, len(self.ooms), self.moves,
-                         self.rejected, self.guests_started, self.over_context, self.stopped_early,
-                         {**self.scheduler.run_report(), **({"shard_bytes_moved": self.shard_bytes_moved,
-                                                             "kv_bytes_moved": self.kv_bytes_moved}
-                                                            if self.shards_staged else {})})
+        loans = self.loans
+        stats = RunStats(wall_s, self.iterations, self.backend.op_events, len(self.ooms), self.moves.count,
+                         self.rejected, loans.guests_started, self.over_context, self.stopped_early,
+                         {**self.scheduler.run_report(), **({"shard_bytes_moved": loans.shard_bytes_moved,
+                                                             "kv_bytes_moved": loans.kv_bytes_moved}
+                                                            if loans.shards_staged else {})})
         timeline = _trim_trace(self.backend.perfetto(ops=False)) if self.record_timeline else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
-                         self._tenant_busy(), self.home, self.window_s)
+                         self.attribution.tenant_busy(), self.home, self.window_s)
 
 
 TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory

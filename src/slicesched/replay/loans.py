@@ -3,28 +3,33 @@
 A *guest* (`GuestStart`) is a whole replica of a hot tenant on other tenants' devices: KV memory
 borrowed from the owners' free pools, weights copied through the simulator (link time and memory
 paid), stopped by draining or by sending its requests home at once (`GuestStop`), running
-ones with their KV cache copied over the link (`_move_home`). A *lease*
+ones with their KV cache copied over the link (`move_home`). A *lease*
 (`ShardStage`) stages a tenant's weight shards on lenders' devices so its iterations may run
 tensor-parallel over home plus those devices; its KV mirror is charged like any KV, and an
 iteration run whole over the union completes only once its borrowed heads' KV is copied home
-(`_kv_sync_s`). `ShardRelease` evicts the shards and gives the memory back.
+(`kv_sync_s`). `ShardRelease` evicts the shards and gives the memory back.
 
-`LoansMixin` holds the driver's methods for these; the state they change (`replicas`,
-`_leases`, the counters) is the driver's.
+`Loans` owns the leases, the KV caches in flight and the counters; the replicas are the fleet's.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from slicesched.decisions import GuestStart, GuestStop, SchedulerDecision, ShardRelease, ShardStage, WeightEviction
+from slicesched.decisions import (GuestStart, GuestStop, SchedulerDecision, ShardLease, ShardRelease, ShardStage,
+                                  WeightEviction)
 from slicesched.gmg import block_weight_bytes
 from slicesched.replay.deployment import Replica
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState, least_loaded
 from slicesched.serving import KVBlockManager, Request, RequestState, TenantEngine, blocks_for
+
+if TYPE_CHECKING:
+    from slicesched.replay.driver import ReplayDriver
 
 
 @dataclass(slots=True, eq=False)
@@ -37,56 +42,65 @@ class StagedLease:
     unsynced: int = 0  # tokens whose KV the mirror lacks (computed at home since the last sync)
 
 
-def _recompute(req: Request) -> None:
-    """Drop a request's progress (its KV cache is lost): it is preempted by recomputation."""
-    req.num_computed_tokens = 0
-    req.state = RequestState.PREEMPTED
-    req.num_preemptions += 1
+class Loans:
+    """Guests and staged shards (SliceScheduler's loans) for one replay."""
 
+    def __init__(self, driver: "ReplayDriver") -> None:
+        self.drv = driver
+        self.leases: dict[tuple[str, tuple[int, ...]], StagedLease] = {}  # (tenant, lent devices) -> staged shards
+        self.kv_moves: list[tuple] = []  # (landing time, seq, replica, requests): KV caches in flight
+        self._move_seq = itertools.count()
+        self.syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
+        self.guests_started = 0
+        self.shards_staged = 0
+        self.shard_bytes_moved = 0.0
+        self.kv_bytes_moved = 0.0
 
-class LoansMixin:
-    """Guests and staged shards (SliceScheduler's loans), for `ReplayDriver`."""
+    def shard_leases(self) -> tuple[ShardLease, ...]:
+        return tuple(ShardLease(ls.stage.tenant, ls.stage.home, ls.stage.devices, ls.stage.blocks,
+                                ls.stage.lent_bytes, ls.stage.kv_mirror_bytes, ls.mirror_charged)
+                     for ls in self.leases.values())
 
-    def _start_guest(self: Any, g: GuestStart, now: float) -> ReplicaState | None:
+    def start_guest(self, g: GuestStart, now: float) -> ReplicaState | None:
         """Borrow KV memory from the devices' owners, copy the tenant's weights there from its own
         replica (through the simulator: link time and memory are paid), and move waiting requests
         of the tenant over. Refused (None) if memory cannot be lent or a guest is already there."""
         devs = tuple(g.devices)
-        if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.replicas):
+        if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.drv.fleet):
             return None
         src = tuple(g.src_devices)
-        home = next((rs for rs in self.replicas if rs.replica.tenant == g.tenant and not rs.guest
+        home = next((rs for rs in self.drv.fleet if rs.replica.tenant == g.tenant and not rs.guest
                      and (rs.replica.devices == src or all(d < 0 for d in src))), None)
-        m = self.models[g.tenant]
+        m = self.drv.models[g.tenant]
         weights = block_weight_bytes(m, len(devs))
-        lent = self._borrow(devs, float(weights.sum()) + g.kv_bytes)
+        lent = self.borrow(devs, float(weights.sum()) + g.kv_bytes)
         if home is None or lent is None:
             return None
-        self.backend.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
+        self.drv.backend.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
         per_tok = m.kv_bytes_per_token() / len(devs)
-        cfg = self.cfg[g.tenant]
+        cfg = self.drv.cfg[g.tenant]
         kv = KVBlockManager(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
         engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
                                                                         home.engine.max_model_len))
-        self._apply_serving_rules(engine, Replica(g.tenant, devs))
-        rs = ReplicaState(Replica(g.tenant, devs), self.cluster.group_id(devs), engine, per_tok, guest=True,
+        self.drv.apply_serving_rules(engine, Replica(g.tenant, devs))
+        rs = ReplicaState(Replica(g.tenant, devs), self.drv.cluster.group_id(devs), engine, per_tok, guest=True,
                           lent=lent)
-        self.replicas.append(rs)
+        self.drv.fleet.enlist(rs)
         self.guests_started += 1
         return rs
 
-    def _loaded(self: Any, rs: ReplicaState) -> bool:
+    def weights_resident(self, rs: ReplicaState) -> bool:
         """Are all of the replica's weight blocks resident on its devices?"""
-        return self.gmg.weights_on(rs.replica.tenant, 0, 2 * self.models[rs.replica.tenant].layers + 1,
+        return self.drv.gmg.weights_on(rs.replica.tenant, 0, 2 * self.drv.models[rs.replica.tenant].layers + 1,
                                    rs.replica.devices)
 
-    def _borrow(self: Any, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
+    def borrow(self, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
         """Lend `nbytes` per device from the free KV blocks of each device's owner replica, all
         or nothing; owners keep at least a quarter of their pool."""
         plan = []
         for d in devs:
-            owner = next((rs for rs in self.replicas if not rs.guest and d in rs.replica.devices), None)
+            owner = next((rs for rs in self.drv.fleet if not rs.guest and d in rs.replica.devices), None)
             if owner is None:
                 return None
             if any(o is owner for o, _ in plan):
@@ -101,31 +115,31 @@ class LoansMixin:
             owner.engine.kv.lend(n)
         return plan
 
-    def _stop_guest(self: Any, g: GuestStop, now: float) -> list[ReplicaState]:
+    def stop_guest(self, g: GuestStop, now: float) -> list[ReplicaState]:
         """Send the guest's requests back to the tenant's own replicas, free its KV and weights,
         and give the borrowed memory back to the owners. With `drain` it first finishes its
-        running requests; without, they leave at once (`_move_home`)."""
-        rs = next((r for r in self.replicas if r.guest and r.replica.tenant == g.tenant
+        running requests; without, they leave at once (`move_home`)."""
+        rs = next((r for r in self.drv.fleet if r.guest and r.replica.tenant == g.tenant
                    and r.replica.devices == tuple(g.devices)), None)
         if rs is None:
             return []
-        homes = [h for h in self.replicas_of(g.tenant) if not h.guest]
+        homes = [h for h in self.drv.fleet.of(g.tenant) if not h.guest]
         if g.drain:  # no new requests; released when its running ones are done
-            rs.draining = True
+            rs.drain()
             for req in rs.engine.take_waiting(rs.engine.num_waiting):
                 least_loaded(homes).engine.adopt(req, now)
             if rs.engine.has_work() or rs.engine.num_inflight:
                 return homes
-        self._drop_inflight(rs)
-        self._move_home(rs, homes, now)
-        self._release_guest(rs, now)
+        self.drv.drop_inflight(rs)
+        self.move_home(rs, homes, now)
+        self.release_guest(rs, now)
         return homes + [owner for owner, _ in rs.lent]
 
-    def _move_home(self: Any, rs: ReplicaState, homes: list[ReplicaState], now: float) -> None:
+    def move_home(self, rs: ReplicaState, homes: list[ReplicaState], now: float) -> None:
         """A stopped guest's requests go home: a running one with its KV cache, copied over the
         link to a home replica with room (it resumes there once the copy lands, see
-        `_land_kv_moves`); the others, and those no home has room for, are recomputed there."""
-        m = self.models[rs.replica.tenant]
+        `land_kv_moves`); the others, and those no home has room for, are recomputed there."""
+        m = self.drv.models[rs.replica.tenant]
         moving: dict[ReplicaState, list[Request]] = {}
         booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)  # tokens already on their way there
         for req in rs.engine.hand_over():
@@ -137,7 +151,7 @@ class LoansMixin:
                 booked[h] += need
                 continue
             if need:  # no home has room for its KV: recomputed
-                _recompute(req)
+                req.preempt()
             elif req.state is RequestState.RUNNING:  # admitted, nothing computed yet: queued again
                 req.state = RequestState.PREEMPTED if req.num_preemptions else RequestState.WAITING
             least_loaded(homes).engine.adopt(req, now)
@@ -146,108 +160,112 @@ class LoansMixin:
             # each device holds 1/tp of the KV: the devices copy their shares side by side
             nbytes = tokens * m.kv_bytes_per_token() / len(rs.replica.devices)
             self.kv_bytes_moved += nbytes * len(rs.replica.devices)
-            t = now + self.cost.transfer_time(nbytes, self.cluster.link(rs.replica.devices[0], h.replica.devices[0]))
-            heapq.heappush(self._kv_moves, (t, next(self._move_seq), h, reqs))
+            t = now + self.drv.cost.transfer_time(nbytes, self.drv.cluster.link(rs.replica.devices[0], h.replica.devices[0]))
+            heapq.heappush(self.kv_moves, (t, next(self._move_seq), h, reqs))
 
-    def _land_kv_moves(self: Any, now: float) -> list[ReplicaState]:
+    def land_kv_moves(self, now: float) -> list[ReplicaState]:
         """Moved KV caches that have landed: their requests resume at their new replicas
         (recomputed there if the room went meanwhile)."""
         out = []
-        while self._kv_moves and self._kv_moves[0][0] <= now:
-            _, _, h, reqs = heapq.heappop(self._kv_moves)
+        while self.kv_moves and self.kv_moves[0][0] <= now:
+            _, _, h, reqs = heapq.heappop(self.kv_moves)
             for req in reqs:
                 if not h.engine.adopt_running(req, now):
-                    _recompute(req)
+                    req.preempt()
                     h.engine.adopt(req, now)
-            self._charge_kv(h, now)
+            self.drv.charge_kv(h, now)
             out.append(h)
         return out
 
-    def _release_guest(self: Any, rs: ReplicaState, now: float) -> None:
+    def release_guest(self, rs: ReplicaState, now: float) -> None:
         """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""
-        self._charge_kv(rs, now)
-        self.replicas.remove(rs)
-        self._evict_weights(rs, now)
+        self.drv.charge_kv(rs, now)
+        self.drv.fleet.retire(rs)
+        self.drv.evict_weights(rs, now)
         for owner, n in rs.lent:
             owner.engine.kv.reclaim(n)
 
-    def _evict_weights(self: Any, rs: ReplicaState, now: float) -> None:
-        """Evict a removed replica's weights, through the simulator so the memory log has them,
-        from every device no other replica of the same tenant still uses."""
-        tenant = rs.replica.tenant
-        kept = {d for o in self.replicas_of(tenant) for d in o.replica.devices}
-        self.backend.apply(SchedulerDecision(now, evictions=tuple(
-            WeightEviction(tenant, blk, d) for d in rs.replica.devices if d not in kept
-            for blk in range(2 * self.models[tenant].layers + 2))))
-
     # ---- staged weight shards ----------------------------------------------------------------
-    def _stage_shards(self: Any, st: ShardStage, now: float) -> bool:
+    def stage_shards(self, st: ShardStage, now: float) -> bool:
         """Lend the shards' memory from the devices' owners (all or nothing) and copy them there
         through the simulator (link time and memory paid). Refused if a lease holds the devices."""
         devs = tuple(st.devices)
-        if any(set(devs) & set(k[1]) for k in self._leases):
+        if any(set(devs) & set(k[1]) for k in self.leases):
             return False
-        lent = self._borrow(devs, st.lent_bytes)
+        lent = self.borrow(devs, st.lent_bytes)
         if lent is None:
             return False
-        self.backend.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
-        home = next((rs for rs in self.replicas if rs.replica.tenant == st.tenant and not rs.guest
+        self.drv.backend.apply(SchedulerDecision(now, weight_copies=st.weight_copies()))
+        home = next((rs for rs in self.drv.fleet if rs.replica.tenant == st.tenant and not rs.guest
                      and rs.replica.devices == tuple(st.home)), None)
         unsynced = home.engine.kv.used_blocks * BLOCK_TOKENS if home is not None else 0
-        self._leases[(st.tenant, devs)] = StagedLease(st, lent, unsynced=unsynced)
+        self.leases[(st.tenant, devs)] = StagedLease(st, lent, unsynced=unsynced)
         self.shards_staged += 1
         self.shard_bytes_moved += st.bytes_per_device * len(devs)
         if home is not None:
-            self._charge_mirror(home)
+            self.charge_mirror(home)
         return True
 
-    def _lease_of(self: Any, rs: ReplicaState) -> "StagedLease | None":
-        return next((ls for ls in self._leases.values() if ls.stage.tenant == rs.replica.tenant
+    def lease_of(self, rs: ReplicaState) -> "StagedLease | None":
+        return next((ls for ls in self.leases.values() if ls.stage.tenant == rs.replica.tenant
                      and tuple(ls.stage.home) == rs.replica.devices), None)
 
-    def _charge_mirror(self: Any, rs: ReplicaState) -> None:
+    def charge_mirror(self, rs: ReplicaState) -> None:
         """Keep the KV mirror on a lease's devices in step with the replica's KV (its heads of the
         union's shard, up to the mirror's room), in the memory ledger like any KV."""
-        ls = self._lease_of(rs)
+        ls = self.lease_of(rs)
         if ls is None or ls.stage.kv_mirror_bytes <= 0:
             return
-        m = self.models[rs.replica.tenant]
+        m = self.drv.models[rs.replica.tenant]
         union_tp = len(ls.stage.home) + len(ls.stage.devices)
         want = min(rs.engine.kv.used_blocks * BLOCK_TOKENS * m.kv_bytes_per_token() / union_tp,
                    ls.stage.kv_mirror_bytes)
-        if self._charge(ls.stage.devices, rs.replica.tenant, ls.mirror_charged, want):
+        if self.drv.charge(ls.stage.devices, rs.replica.tenant, ls.mirror_charged, want):
             ls.mirror_charged = want
 
-    def _kv_sync_s(self: Any, key: int) -> float:
+    def sync_first(self, key: int, t: float) -> bool:
+        """Iteration `key` ended at `t`: if it ran whole over a lease's union, it completes only
+        once its borrowed heads' KV is copied home (True: held until `synced_by` hands it back)."""
+        delay = self.kv_sync_s(key)
+        if delay > 0:
+            heapq.heappush(self.syncs, (t + delay, key))
+        return delay > 0
+
+    def synced_by(self, now: float) -> Iterator[int]:
+        """Iterations whose KV sync is done by `now`, one at a time, earliest first."""
+        while self.syncs and self.syncs[0][0] <= now:
+            yield heapq.heappop(self.syncs)[1]
+
+    def kv_sync_s(self, key: int) -> float:
         """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed
         heads there: copying it home (and the KV of tokens computed at home since the last such
         iteration to the mirror) takes this long over the link; 0 for any other iteration."""
-        rs, batch = self.inflight[key]
-        ls = self._lease_of(rs)
+        rs, batch = self.drv.inflight[key]
+        ls = self.lease_of(rs)
         if ls is None:
             return 0.0
-        it = self.gmg.iterations[key]
-        union = self.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))
-        if int(self.gmg.raw("group")[it.base & self.gmg.mask]) != union:  # not whole (at most MLP slices)
+        it = self.drv.gmg.iterations[key]
+        union = self.drv.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))
+        if int(self.drv.gmg.raw("group")[it.base & self.drv.gmg.mask]) != union:  # not whole (at most MLP slices)
             ls.unsynced += batch.num_tokens
             return 0.0
-        m = self.models[rs.replica.tenant]
+        m = self.drv.models[rs.replica.tenant]
         union_tp = len(ls.stage.home) + len(ls.stage.devices)
         nbytes = (batch.num_tokens + ls.unsynced) * m.kv_bytes_per_token() / union_tp
         ls.unsynced = 0
         self.kv_bytes_moved += nbytes * len(ls.stage.devices)
-        link = self.cluster.link(ls.stage.home[0], ls.stage.devices[0])
-        return self.cost.transfer_time(nbytes, link)
+        link = self.drv.cluster.link(ls.stage.home[0], ls.stage.devices[0])
+        return self.drv.cost.transfer_time(nbytes, link)
 
-    def _release_shards(self: Any, rel: ShardRelease, now: float) -> list[ReplicaState]:
+    def release_shards(self, rel: ShardRelease, now: float) -> list[ReplicaState]:
         """Evict staged shards and give the lent KV blocks back (their owners may batch again)."""
-        lease = self._leases.pop((rel.tenant, tuple(rel.devices)), None)
+        lease = self.leases.pop((rel.tenant, tuple(rel.devices)), None)
         if lease is None:
             return []
         st, lent = lease.stage, lease.lent
         if lease.mirror_charged > 0:
-            self.backend.free_kv(st.devices, lease.mirror_charged, st.tenant)
-        self.backend.apply(SchedulerDecision(now, evictions=tuple(
+            self.drv.backend.free_kv(st.devices, lease.mirror_charged, st.tenant)
+        self.drv.backend.apply(SchedulerDecision(now, evictions=tuple(
             WeightEviction(st.tenant, b, d) for d in st.devices for b in st.blocks)))
         for owner, n in lent:
             owner.engine.kv.reclaim(n)

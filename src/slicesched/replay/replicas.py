@@ -31,6 +31,25 @@ class ReplicaState:
     stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
     oom_at: float = -math.inf  # when an OOM last preempted it: no new batch until memory can change
 
+    # The replica's own state changes only through these (the fleet and the driver call them).
+    def book_kv(self, nbytes: float) -> None:
+        """KV bytes per device now charged to its devices' memory."""
+        self.kv_charged = nbytes
+
+    def book_stage(self, stage: int, nbytes: float) -> None:
+        """KV bytes per device now charged to one pipeline stage's devices."""
+        self.stage_charged[stage] = nbytes
+
+    def drain(self, move_to: str | None = None) -> None:
+        """Take no new requests; with `move_to`, its devices serve that tenant once it is empty."""
+        self.draining = True
+        if move_to is not None:
+            self.move_to = move_to
+
+    def preempted_by_oom(self, t: float) -> None:
+        """An OOM at `t` preempted its requests: no new batch until memory can change."""
+        self.oom_at = t
+
     @property
     def load(self) -> int:
         return self.engine.num_waiting + self.engine.num_running

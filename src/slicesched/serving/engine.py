@@ -517,9 +517,7 @@ class TenantEngine:
         """Preempt ``running[idx]`` by recomputation: free blocks, requeue at the front."""
         req = self._running.pop(idx)
         self.kv.free(req.id)
-        req.num_computed_tokens = 0
-        req.state = RequestState.PREEMPTED
-        req.num_preemptions += 1
+        req.preempt()
         self.num_preemptions += 1
         self._waiting.appendleft(req)
 

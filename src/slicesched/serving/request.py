@@ -60,6 +60,13 @@ class Request:
     prompt_ids: tuple[int, ...] | None = None
     output_ids: list[int] | None = None
 
+    def preempt(self) -> None:
+        """Drop its progress (its KV cache is lost): preempted by recomputation, its prefill
+        restarts wherever it is admitted next."""
+        self.num_computed_tokens = 0
+        self.state = RequestState.PREEMPTED
+        self.num_preemptions += 1
+
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
             raise ValueError(f"request {self.id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
