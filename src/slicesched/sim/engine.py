@@ -586,8 +586,3 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         if info is None:
             info = self._sh.infos[key] = build_info(self.gmg, key)
         return info, s - info.base
-
-    def _read_group(self, x: int) -> int:
-        if self._reads is not None and x not in self._reads:
-            self._reads[x] = self._stamp
-        return int(self.gmg.raw("group")[x & self.gmg.mask])

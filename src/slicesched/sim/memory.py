@@ -199,12 +199,6 @@ class MemoryLedger:
         t0 = float(self.initial[:, device].sum())
         return np.concatenate([[self.t0], r[:, 1]]), np.concatenate([[t0], r[:, 5]])
 
-    def category_timeline(self, device: int, cat: int) -> tuple[np.ndarray, np.ndarray]:
-        r = self.rows()
-        r = r[(r[:, 2] == device) & (r[:, 3] == cat)]
-        return (np.concatenate([[self.t0], r[:, 1]]),
-                float(self.initial[cat, device]) + np.concatenate([[0.0], np.cumsum(r[:, 4])]))
-
     def peak(self) -> np.ndarray:
         """Highest bytes in use per device since t0."""
         return np.array(self.peak_seen)

@@ -162,10 +162,6 @@ class Network:
             self._links = {frozenset(d for d in f.src + f.dst if d >= 0) for f in self.flows.values()}
         return self._links
 
-    def is_current(self, key: FlowKey, version: int) -> bool:
-        f = self.flows.get(key)
-        return f is not None and f.version == version
-
     def touching(self, device: int) -> int:
         """Flows in flight into or out of `device` (for interference)."""
         return sum(1 for f in self.flows.values() if device in f.dst or device in f.src)

@@ -107,10 +107,6 @@ class Prediction:
     def slice_end(self) -> np.ndarray:
         return _ro(self._table[:, 3].copy())
 
-    def idle_time(self) -> np.ndarray:
-        """Total idle seconds per device inside the horizon."""
-        return np.array([float((e - s).sum()) for s, e in self.idle])
-
 
 @dataclass(frozen=True, slots=True)
 class _Rows:
