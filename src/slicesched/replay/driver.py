@@ -102,10 +102,6 @@ class ReplayDriver:
         CPU devices: the executor's budget). `lane`: replay a home-only scheduler
         (`Scheduler.home_only`) on the iteration lane (`sim.lane`) where no timeline is recorded
         and no other backend is given; False keeps the simulator (the same results, slower)."""
-        self._init_args = (sc, scheduler, trace), dict(
-            rate_scale=rate_scale, cost=cost, slas=slas, record_timeline=record_timeline, window_s=window_s,
-            stop_after_violations=stop_after_violations, backend=backend, models=models,
-            device_memory_bytes=device_memory_bytes)
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
         self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
@@ -232,17 +228,9 @@ class ReplayDriver:
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> RunResult:
-        """Replay the trace. On the iteration lane, a replay the lane can no longer vouch for
-        (`LaneUnsafe`: an OOM could have happened) starts again from the beginning on the
-        simulator, as this driver would have been built with `lane=False`."""
-        try:
-            return self._run(progress)
-        except LaneUnsafe:  # raised by the lane alone
-            args, kwargs = self._init_args
-            self.__init__(*args, **kwargs, lane=False)  # type: ignore[misc]  # a fresh replay
-            return self._run(progress)
-
-    def _run(self, progress: Callable[[float], None] | None) -> RunResult:
+        """Replay the trace. On the iteration lane this raises `LaneUnsafe` where the lane can no
+        longer vouch for the result (an OOM could have happened): `replay` then runs it again,
+        from the start, on the simulator."""
         t_wall = time.perf_counter()
         reqs = self.requests
         n, i = len(reqs), 0
@@ -573,6 +561,17 @@ class ReplayDriver:
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
                          self.attribution.tenant_busy(), self.home, self.window_s)
+
+
+def replay(sc: Scenario, scheduler: Scheduler, trace: Trace, progress: Callable[[float], None] | None = None,
+           **kwargs: object) -> RunResult:
+    """Set up and run one replay (`ReplayDriver`'s arguments): on the iteration lane where the
+    scheduler allows it, and, if the lane cannot vouch for the run (`LaneUnsafe`), again from the
+    start on the simulator, which gives the results the lane would have had."""
+    try:
+        return ReplayDriver(sc, scheduler, trace, **kwargs).run(progress)
+    except LaneUnsafe:
+        return ReplayDriver(sc, scheduler, trace, **{**kwargs, "lane": False}).run(progress)
 
 
 TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory

@@ -18,7 +18,7 @@ import pandas as pd
 from slicesched.config.scenario import Scenario
 from slicesched.cost import make_cost_model
 from slicesched.errors import InputError
-from slicesched.replay.driver import ReplayDriver, RunResult
+from slicesched.replay.driver import RunResult, replay
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
@@ -92,10 +92,10 @@ def run_one(sc: Scenario, spec: RunSpec, duration_s: float | None = None,
     window = sc.replay.duration_s if duration_s is None else duration_s
     trace = scenario_trace(sc, spec.rate_scale, window)
     stop = None if spec.stop_above is None else int(spec.stop_above * len(trace))
-    driver = ReplayDriver(sc, make_scheduler(spec.scheduler, sc), trace, rate_scale=spec.rate_scale, cost=cost,
-                          slas=isolated_slas(sc, cost), record_timeline=spec.record_timeline, window_s=window,
-                          stop_after_violations=stop)
-    return summarize_run(driver.run(progress), sc.seed, spec.detail)
+    res = replay(sc, make_scheduler(spec.scheduler, sc), trace, progress, rate_scale=spec.rate_scale, cost=cost,
+                 slas=isolated_slas(sc, cost), record_timeline=spec.record_timeline, window_s=window,
+                 stop_after_violations=stop)
+    return summarize_run(res, sc.seed, spec.detail)
 
 
 def summarize_run(res: RunResult, seed: int = 0, detail: bool = True) -> RunSummary:
