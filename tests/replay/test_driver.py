@@ -448,23 +448,3 @@ def test_a_new_routing_policy_needs_no_driver_change():
     last = drv.replicas[-1].replica.devices
     assert {d for d, share in res.tenant_busy.items() if share} == set(last)
 
-
-FULL_POOL = ONE_GPU.replace('grain = "layer"', 'grain = "layer"\n    gpu_memory_utilization = 1.0\n    duration_s = 2.0\n    drain_s = 5.0')
-
-
-def test_a_replay_the_lane_cannot_vouch_for_runs_again_on_the_simulator():
-    """KV pools fill the whole device, so an iteration's activations could overflow it: the lane
-    gives up (`LaneUnsafe`), and `replay` returns what the simulator gives for the same run."""
-    from slicesched.replay.driver import replay
-    from slicesched.sim.lane import LaneUnsafe
-
-    sc = scenario(FULL_POOL)
-    n = 40
-    trace = Trace.from_columns("t", [0.01 * i for i in range(n)], [4000] * n, [64] * n, ["a"] * n)
-    cost = make_cost_model()
-    with pytest.raises(LaneUnsafe):
-        ReplayDriver(sc, make_scheduler("dedicated", sc), trace, cost=cost).run()
-    got = replay(sc, make_scheduler("dedicated", sc), trace, cost=cost)
-    want = ReplayDriver(sc, make_scheduler("dedicated", sc), trace, cost=cost, lane=False).run()
-    assert [(r.first_token_s, r.finish_s) for r in got.requests] == [(r.first_token_s, r.finish_s) for r in want.requests]
-    assert got.stats.iterations == want.stats.iterations and got.stats.op_events == want.stats.op_events

@@ -95,11 +95,16 @@ def test_a_replay_stopped_mid_iteration_counts_the_same_finished_slices():
 
 
 def test_a_replay_the_lane_cannot_vouch_for_is_replayed_on_the_simulator():
-    """With memory so tight that the lane's activation bound could overflow a device, the
-    replay starts again on the simulator: its results, the simulator as the backend."""
+    """With memory so tight that the lane's activation bound could overflow a device, the lane
+    gives up (`LaneUnsafe`) and `replay` runs it again on the simulator: the simulator's results."""
+    from slicesched.replay.driver import replay
+
     sc = _scenario(rate=300.0, util=1.0)  # the KV pool may fill the device to the last byte
-    d, fallen = _replay(sc, True, device_memory_bytes=3.2e9)
-    assert isinstance(d.backend, Simulator)
+    with pytest.raises(LaneUnsafe):
+        _replay(sc, True, device_memory_bytes=3.2e9)
+    trace = scenario_trace(sc, 1.0, sc.replay.duration_s)
+    fallen = replay(sc, make_scheduler("dedicated", sc), trace, cost=COST, slas=isolated_slas(sc, COST),
+                    device_memory_bytes=3.2e9)
     _same(fallen, _replay(sc, False, device_memory_bytes=3.2e9)[1])
 
 
@@ -181,7 +186,11 @@ def test_the_lane_gives_the_simulators_results_when_the_kv_pool_runs_out():
 
 
 def test_an_op_grain_replay_whose_slices_are_no_chain_falls_back_to_the_simulator():
+    from slicesched.replay.driver import replay
+
     sc = _scenario(grain="op")
-    d, fallen = _replay(sc, True)
-    assert isinstance(d.backend, Simulator)
+    with pytest.raises(LaneUnsafe, match="not a chain"):
+        _replay(sc, True)
+    trace = scenario_trace(sc, 1.0, sc.replay.duration_s)
+    fallen = replay(sc, make_scheduler("dedicated", sc), trace, cost=COST, slas=isolated_slas(sc, COST))
     _same(fallen, _replay(sc, False)[1])

@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from slicesched.gmg.graph import SliceState
 from slicesched.decisions import SchedulerDecision
 from slicesched.sim.events import Event, Prio
 from slicesched.sim.segments import Segment
@@ -178,6 +179,68 @@ class ForkMixin:
         return (running, tuple(q[:3] for q in self._queue), tuple(sorted(self._outputs.items())),
                 tuple(sorted(self._inbound.items())), tuple(sorted(self._wwait.items())), flows, mem,
                 tuple(self.gmg.raw_ready().tolist()), tuple(self._free), self._wver)
+
+    # ---- what incremental re-simulation reads and drives (`sim.incremental`) ----------------
+    def recording_copy(self: Any) -> "Simulator":
+        """A copy, chains formed into segments, that records per slice the event stamp at which
+        its mapping was first acted on (`read_stamps`)."""
+        base = self._copy(keep_log=False, retime=self.perturbation is not None, segments=True)
+        base._reads, base._soft = {}, {}
+        base._form_segments()
+        return base
+
+    def mark_ready_reads(self: Any) -> None:
+        """On a recording copy: slices already ready, or with a finished predecessor, act on a
+        new mapping at the next event."""
+        first_event = self._stamp + 1
+        state, preds_left, m = self.gmg.raw("state"), self.gmg.raw("preds_left"), self.gmg.mask
+        for key in self.gmg.iterations:
+            info, _ = self._info_of(self.gmg.iterations[key].base)
+            ids = np.arange(info.base, info.base + info.n)
+            st, left = state[ids & m], preds_left[ids & m]
+            hot = ids[(st == SliceState.READY) | ((st == SliceState.PENDING) & (left < info.npreds))]
+            for x in hot.tolist():
+                self._reads.setdefault(x, first_event)
+
+    def read_stamps(self: Any) -> tuple[dict[int, int], dict[int, tuple]]:
+        """(slice -> stamp of its first read, slice -> heap key at which a segment relied on it)."""
+        return self._reads, self._soft
+
+    @property
+    def stamp(self: Any) -> int:
+        """Events processed so far (a total order of the run's events)."""
+        return self._stamp
+
+    @property
+    def event_key(self: Any) -> tuple:
+        """(time, priority, stable key) of the event last processed."""
+        return self._key[:3]
+
+    @property
+    def tracked(self: Any) -> dict[int, str]:
+        """Iterations whose rows a prediction reports (key -> tenant)."""
+        return self._tracked
+
+    def holds_output(self: Any, s: int) -> bool:
+        """Does slice `s`'s output still wait for a consumer?"""
+        return s in self._outputs
+
+    def watch(self: Any, on_event: "Callable[[Simulator], None] | None") -> None:
+        """Call `on_event(self)` after every event processed (None: stop)."""
+        self.on_event = on_event
+
+    def next_time(self: Any) -> float:
+        return self._next_time()
+
+    def process(self: Any) -> None:
+        """Process the next instant's events."""
+        self._process()
+
+    def advance(self: Any, until: float) -> float:
+        return self._advance(until)
+
+    def same_state(self: Any, d: tuple) -> bool:
+        return self._same_state(d)
 
     def _same_state(self: Any, d: tuple) -> bool:
         """`self.digest() == d`, comparing the cheapest parts first and stopping at the first

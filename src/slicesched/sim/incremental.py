@@ -47,56 +47,42 @@ class Incremental:
         self._sim, self._decision, self.horizon_s = sim, decision, horizon_s
         self.t1 = sim.now + horizon_s
         self.every = every
-        base = sim._copy(keep_log=False, retime=sim.perturbation is not None, segments=True)
-        base._reads, base._soft = {}, {}
-        base._form_segments()
-        self._ckpts: list[tuple[int, Simulator]] = [(base._stamp, base.snapshot())]
+        base = sim.recording_copy()
+        self._ckpts: list[tuple[int, Simulator]] = [(base.stamp, base.snapshot())]
         base.apply(decision)
-        self._start_reads(base)
-        self._windows: list[tuple[int, list[float]]] = [(base._stamp, base.mem.take_window_peak())]
-        self._ckpts.append((base._stamp, base.snapshot()))
+        base.mark_ready_reads()
+        self._windows: list[tuple[int, list[float]]] = [(base.stamp, base.mem.take_window_peak())]
+        self._ckpts.append((base.stamp, base.snapshot()))
         self._keys: list[tuple] = []
         self._stamps: list[int] = []
         self._digests: list[tuple] = []
-        base.on_event = self._record
-        base._advance(self.t1)
-        base.on_event = None
-        self._windows.append((base._stamp, base.mem.take_window_peak()))
+        base.watch(self._record)
+        base.advance(self.t1)
+        base.watch(None)
+        self._windows.append((base.stamp, base.mem.take_window_peak()))
         self._base = base
         self._first_read = self._merge_reads(base)
         self.prediction = self._build(base.log, base.tail(), self._peak(None, None, None))
 
     # ---- recording -------------------------------------------------------------------------
-    def _start_reads(self, base: Simulator) -> None:
-        """Slices already ready, or with a finished predecessor, act on a new mapping at once."""
-        first_event = base._stamp + 1
-        state, m = base.gmg.raw("state"), base.gmg.mask
-        for key in base.gmg.iterations:
-            info, _ = base._info_of(base.gmg.iterations[key].base)
-            ids = np.arange(info.base, info.base + info.n)
-            st = state[ids & m]
-            left = base.gmg.raw("preds_left")[ids & m]
-            hot = ids[(st == SliceState.READY) | ((st == SliceState.PENDING) & (left < info.npreds))]
-            for x in hot.tolist():
-                base._reads.setdefault(x, first_event)
-
     def _merge_reads(self, base: Simulator) -> dict[int, int]:
         """Per slice, the stamp before which its mapping cannot have mattered: a real read's
         stamp, or for a segment's read the first event after the point where per-slice events
         would have read it (reads past the horizon do not count)."""
-        first = dict(base._reads)
-        for x, key in base._soft.items():
+        reads, soft = base.read_stamps()
+        first = dict(reads)
+        for x, key in soft.items():
             if key[0] > self.t1:
                 continue
             i = bisect.bisect_right(self._keys, key)
-            stamp = self._stamps[i] if i < len(self._stamps) else base._stamp
+            stamp = self._stamps[i] if i < len(self._stamps) else base.stamp
             if stamp < first.get(x, _NEVER):
                 first[x] = stamp
         return first
 
     def _record(self, sim: Simulator) -> None:
-        stamp = sim._stamp
-        self._keys.append(sim._key[:3])
+        stamp = sim.stamp
+        self._keys.append(sim.event_key)
         self._stamps.append(stamp)
         self._digests.append(sim.digest())
         self._windows.append((stamp, sim.mem.take_window_peak()))
@@ -130,19 +116,19 @@ class Incremental:
     def _resume(self, run: Simulator, upto: int, changed: range) -> Prediction:
         state, m = run.gmg.raw("state"), run.gmg.mask
         unsettled = list(changed)  # changed slices not yet done with their outputs freed
-        while run._next_time() <= self.t1:
-            run._process()
-            i = bisect.bisect_right(self._keys, run._key[:3]) - 1
+        while run.next_time() <= self.t1:
+            run.process()
+            i = bisect.bisect_right(self._keys, run.event_key) - 1
             if i < 0 or self._stamps[i] <= upto:
                 continue
             # a slice once done with its output freed stays so: drop settled ones from the end
-            while unsettled and state[unsettled[-1] & m] == _DONE and unsettled[-1] not in run._outputs:
+            while unsettled and state[unsettled[-1] & m] == _DONE and not run.holds_output(unsettled[-1]):
                 unsettled.pop()
-            if not unsettled and run._same_state(self._digests[i]):
+            if not unsettled and run.same_state(self._digests[i]):
                 after = self._stamps[i]
                 log = self._base.log.spliced(upto, run.log, after)
                 return self._build(log, self._base.tail(), self._peak(upto, run, after))
-        run._advance(self.t1)
+        run.advance(self.t1)
         log = self._base.log.spliced(upto, run.log, _NEVER)
         return self._build(log, run.tail(), self._peak(upto, run, None))
 
@@ -155,5 +141,5 @@ class Incremental:
         return np.max(np.array(rows, np.float64), axis=0)
 
     def _build(self, log: RunLog, tail: list, peak: np.ndarray) -> Prediction:
-        return build_prediction(self._base._sh.cluster, self._base.mem.t0, self.t1, self._base._tracked, log, tail,
+        return build_prediction(self._base.gmg.cluster, self._base.mem.t0, self.t1, self._base.tracked, log, tail,
                                 peak)
