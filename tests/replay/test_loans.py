@@ -74,11 +74,13 @@ def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv()
     guest.engine.on_batch_done(guest.engine.next_batch(0.0), 0.1)  # prefilled, decoding
     drv.loans.stop_guest(GuestStop("a", b_devs, drain=False), 0.2)
     assert guest not in drv.replicas and not home.engine.has_work()  # in flight over the link
-    (t, _, dst, moved), = drv.loans.kv_moves
+    from slicesched.replay.events import Kind
+
+    (t, (dst, moved)), = drv.events.pending(Kind.KV_LANDED)
     nbytes = 2 * 1000 * drv.models["a"].kv_bytes_per_token() / 2  # each of the 2 devices: its half
     assert dst is home and t == pytest.approx(0.2 + cost.transfer_time(nbytes, drv.cluster.link(b_devs[0], home.replica.devices[0])))
     assert drv.loans.kv_bytes_moved == pytest.approx(2 * nbytes)
-    drv.loans.land_kv_moves(t)
+    drv.loans.land_kv(dst, moved, t)
     assert home.engine.num_running == 2 and [r.num_computed_tokens for r in reqs] == [1000, 1000]
     assert all(r.num_preemptions == 0 for r in reqs)
 

@@ -8,6 +8,7 @@ from slicesched.gmg.stages import build_stages, stage_weight_bytes
 from slicesched.hardware import LINKS
 from slicesched.models.spec import model_spec
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas
+from slicesched.replay.events import Kind
 from slicesched.replay.driver import ReplayDriver
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.sched import make_scheduler
@@ -137,7 +138,7 @@ def test_a_replica_keeps_at_most_pp_micro_batches_in_flight_with_disjoint_reques
 
     def watched(rs, batch, now):
         launch(rs, batch, now)
-        live = [b for _, b in drv.inflight.values()] + [mb.batch for *_, mb in drv._sends]
+        live = [b for _, b in drv.inflight.values()] + [mb.batch for _, (_, mb) in drv.events.pending(Kind.STAGE_SENT)]
         batches = {b.iteration: b for b in live}
         ids = [i for b in batches.values() for i in b.req_ids]
         seen.append((len(batches), len(ids) == len(set(ids))))

@@ -17,7 +17,6 @@ schedulers that look ahead use the cost model alone.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.attribution import Attribution
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
+from slicesched.replay.events import EventQueue, Kind
 from slicesched.replay.fleet import Fleet
 from slicesched.replay.loans import Loans
 from slicesched.replay.moves import Moves
@@ -139,6 +139,7 @@ class ReplayDriver:
         self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
+        self.events = EventQueue([r.arrival_s for r in self.requests])  # arrivals and timers
         self.ooms: list[OOMEvent] = []
         self._kv_ooms: list[OOMEvent] = []  # OOMs of KV charges since the last outcome (handled at once)
         self.iterations = 0
@@ -148,7 +149,6 @@ class ReplayDriver:
         self.moves = Moves(self)  # container moves (realloc)
         self._dropped = False  # an iteration was dropped while the current decision was carried out
         # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
-        self._sends: list[tuple[float, int, ReplicaState, MicroBatch]] = []
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
         self.attribution = Attribution(self.gmg, self.cluster, self._lane)
         scheduler.attach(self)
@@ -233,32 +233,32 @@ class ReplayDriver:
         from the start, on the simulator."""
         t_wall = time.perf_counter()
         reqs = self.requests
-        n, i = len(reqs), 0
+        i = 0  # arrivals so far
         horizon = (reqs[-1].arrival_s if reqs else 0.0) + self.sc.replay.drain_s
         stalls, next_check = 0, VIOLATION_CHECK_S
         # Replicas that may be able to form a batch (ordered dict: deterministic launch order).
         dirty: dict[ReplicaState, None] = dict.fromkeys(self.replicas)
-        fleet, loans = self.fleet, self.loans
+        events = self.events
         while True:
             now = self.backend.now
-            while i < n and reqs[i].arrival_s <= now:
-                rs = self._route(reqs[i])
-                if rs is not None:
-                    dirty[rs] = None
-                i += 1
-            if fleet.loading:  # (the common case skips these calls: a loop turn per event)
-                for rs in self.moves.activate_loaded(now):
-                    dirty[rs] = None
-            if loans.kv_moves:
-                for rs in loans.land_kv_moves(now):
-                    dirty[rs] = None
-            if loans.syncs:  # wide iterations whose KV sync is done
-                for key in loans.synced_by(now):
-                    dirty[self._complete(key, now, synced=True)] = None
-            while self._sends and self._sends[0][0] <= now:  # activations landed on the next stage
-                _, _, rs, mb = heapq.heappop(self._sends)
-                if rs.pipe.arrive(mb, mb.stage + 1):
-                    self._run_stage(rs, mb)
+            if events.next_time <= now:
+                for kind, what in events.due(now):
+                    if kind is Kind.ARRIVAL:
+                        rs = self._route(reqs[what])
+                        i = what + 1
+                    elif kind is Kind.LOADED:
+                        rs = self.moves.activate(what)
+                    elif kind is Kind.KV_LANDED:
+                        rs = self.loans.land_kv(*what, now)
+                    elif kind is Kind.KV_SYNCED:  # a wide iteration whose KV sync is done
+                        rs = self._complete(what, now, synced=True)
+                    else:  # activations landed on the next stage
+                        rs, mb = what
+                        if rs.pipe.arrive(mb, mb.stage + 1):
+                            self._run_stage(rs, mb)
+                        continue
+                    if rs is not None:
+                        dirty[rs] = None
             for rs in dirty:
                 self._launch_batches(rs, now)
             dirty.clear()
@@ -266,12 +266,8 @@ class ReplayDriver:
                 decision = self._carry_out(self.scheduler.schedule(self.gmg, now), now, dirty)
             else:  # a home-only scheduler decides nothing (the lane places every iteration)
                 decision = self._no_decision
-            wake = min(reqs[i].arrival_s if i < n else math.inf,
-                       fleet.next_loaded() if fleet.loading else math.inf, horizon,
-                       loans.syncs[0][0] if loans.syncs else math.inf, self._sends[0][0] if self._sends else math.inf,
-                       loans.kv_moves[0][0] if loans.kv_moves else math.inf)
-            if (not self.inflight and not self._sends and not loans.kv_moves and i >= n
-                    and not fleet.loading) or now >= horizon:
+            wake = min(events.next_time, horizon)
+            if (not self.inflight and events.only_syncs_left) or now >= horizon:
                 break
             outcome = self.backend.execute(decision, until=wake, wake=self.scheduler.wake_on())
             self.scheduler.update(outcome)
@@ -429,7 +425,7 @@ class ReplayDriver:
     def _stage_done(self, key: int, t: float) -> ReplicaState | None:
         """A pipeline stage finished a micro-batch's part: the stage takes the next one waiting,
         and unless it was the last stage, the hidden states start for the next over the link
-        between the two (landing at `_sends`). Returns the replica, or None after the last stage
+        between the two (a `STAGE_SENT` event). Returns the replica, or None after the last stage
         (the batch is then complete)."""
         mb = self._stage_runs.pop(key)
         rs = self.inflight[key][0]
@@ -442,7 +438,7 @@ class ReplayDriver:
         self.attribution.attribute_key(key)
         self.backend.retire(key)
         delay = self.cost.transfer_time(send_bytes(mb.graphs[mb.stage]), rs.pipe.links[mb.stage])
-        heapq.heappush(self._sends, (t + delay, key, rs, mb))
+        self.events.stage_sent(t + delay, key, rs, mb)
         return rs
 
     def _complete(self, key: int, t: float, synced: bool = False,

@@ -1,25 +1,22 @@
 """The replicas a replay serves with, and what waits for one: the one owner of which replicas
-exist (home, guests, new ones after a container move), of arrivals parked while their tenant
-has none, and of replicas whose weights are still loading."""
+exist (home, guests, new ones after a container move) and of arrivals parked while their
+tenant has none."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
-from slicesched.replay.deployment import Replica
 from slicesched.replay.replicas import ReplicaState
 from slicesched.serving import Request
 
 
 class Fleet:
-    """Replicas in serving order (the order arrivals and launches visit them), parked arrivals
-    per tenant, and replicas loading (ready time, replica)."""
+    """Replicas in serving order (the order arrivals and launches visit them) and parked
+    arrivals per tenant."""
 
     def __init__(self, replicas: list[ReplicaState]) -> None:
         self.replicas = list(replicas)
         self.parked: dict[str, list[Request]] = {}
-        self.loading: list[tuple[float, Replica]] = []
 
     def __iter__(self) -> Iterator[ReplicaState]:
         return iter(self.replicas)
@@ -53,17 +50,3 @@ class Fleet:
 
     def parked_counts(self) -> dict[str, int]:
         return {t: len(q) for t, q in self.parked.items()}
-
-    # ---- replicas loading their weights ----------------------------------------------------------
-    def load(self, ready_s: float, replica: Replica) -> None:
-        self.loading.append((ready_s, replica))
-
-    def next_loaded(self) -> float:
-        return min((t for t, _ in self.loading), default=math.inf)
-
-    def take_loaded(self, now: float) -> list[Replica]:
-        """Replicas whose weights are resident by `now`, in the order they started loading."""
-        ready = [r for t, r in self.loading if t <= now]
-        if ready:
-            self.loading = [(t, r) for t, r in self.loading if t > now]
-        return ready

@@ -14,10 +14,7 @@ iteration run whole over the union completes only once its borrowed heads' KV is
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,9 +45,6 @@ class Loans:
     def __init__(self, driver: "ReplayDriver") -> None:
         self.drv = driver
         self.leases: dict[tuple[str, tuple[int, ...]], StagedLease] = {}  # (tenant, lent devices) -> staged shards
-        self.kv_moves: list[tuple] = []  # (landing time, seq, replica, requests): KV caches in flight
-        self._move_seq = itertools.count()
-        self.syncs: list[tuple[float, int]] = []  # (time, iteration key): completion after its KV sync
         self.guests_started = 0
         self.shards_staged = 0
         self.shard_bytes_moved = 0.0
@@ -138,7 +132,7 @@ class Loans:
     def move_home(self, rs: ReplicaState, homes: list[ReplicaState], now: float) -> None:
         """A stopped guest's requests go home: a running one with its KV cache, copied over the
         link to a home replica with room (it resumes there once the copy lands, see
-        `land_kv_moves`); the others, and those no home has room for, are recomputed there."""
+        `land_kv`); the others, and those no home has room for, are recomputed there."""
         m = self.drv.models[rs.replica.tenant]
         moving: dict[ReplicaState, list[Request]] = {}
         booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)  # tokens already on their way there
@@ -161,21 +155,17 @@ class Loans:
             nbytes = tokens * m.kv_bytes_per_token() / len(rs.replica.devices)
             self.kv_bytes_moved += nbytes * len(rs.replica.devices)
             t = now + self.drv.cost.transfer_time(nbytes, self.drv.cluster.link(rs.replica.devices[0], h.replica.devices[0]))
-            heapq.heappush(self.kv_moves, (t, next(self._move_seq), h, reqs))
+            self.drv.events.kv_landing(t, h, reqs)
 
-    def land_kv_moves(self, now: float) -> list[ReplicaState]:
-        """Moved KV caches that have landed: their requests resume at their new replicas
-        (recomputed there if the room went meanwhile)."""
-        out = []
-        while self.kv_moves and self.kv_moves[0][0] <= now:
-            _, _, h, reqs = heapq.heappop(self.kv_moves)
-            for req in reqs:
-                if not h.engine.adopt_running(req, now):
-                    req.preempt()
-                    h.engine.adopt(req, now)
-            self.drv.charge_kv(h, now)
-            out.append(h)
-        return out
+    def land_kv(self, h: ReplicaState, reqs: list[Request], now: float) -> ReplicaState:
+        """Moved KV caches landed at `h`: their requests resume there (recomputed if the room
+        went meanwhile)."""
+        for req in reqs:
+            if not h.engine.adopt_running(req, now):
+                req.preempt()
+                h.engine.adopt(req, now)
+        self.drv.charge_kv(h, now)
+        return h
 
     def release_guest(self, rs: ReplicaState, now: float) -> None:
         """Free an empty guest's KV and weights and return the borrowed blocks to the owners."""
@@ -225,16 +215,11 @@ class Loans:
 
     def sync_first(self, key: int, t: float) -> bool:
         """Iteration `key` ended at `t`: if it ran whole over a lease's union, it completes only
-        once its borrowed heads' KV is copied home (True: held until `synced_by` hands it back)."""
+        once its borrowed heads' KV is copied home (True: held until its `KV_SYNCED` event)."""
         delay = self.kv_sync_s(key)
         if delay > 0:
-            heapq.heappush(self.syncs, (t + delay, key))
+            self.drv.events.kv_synced(t + delay, key)
         return delay > 0
-
-    def synced_by(self, now: float) -> Iterator[int]:
-        """Iterations whose KV sync is done by `now`, one at a time, earliest first."""
-        while self.syncs and self.syncs[0][0] <= now:
-            yield heapq.heappop(self.syncs)[1]
 
     def kv_sync_s(self, key: int) -> float:
         """A whole iteration run tensor-parallel over a lease's union wrote the KV of its borrowed

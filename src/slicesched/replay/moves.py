@@ -55,17 +55,15 @@ class Moves:
         per_dev = float(block_weight_bytes(drv.models[new.tenant], new.tp).sum())
         # every device loads its shard from host memory over its own PCIe link, in parallel
         load_s = max(drv.cost.transfer_time(per_dev, drv.cluster.host_link(d)) for d in devs)
-        drv.fleet.load(t + load_s + drv.sc.schedulers.realloc.warmup_s, new)
+        drv.events.loaded(t + load_s + drv.sc.schedulers.realloc.warmup_s, new)
 
-    def activate_loaded(self, now: float) -> list[ReplicaState]:
-        """Replicas whose model finished loading start serving; arrivals parked for them go in."""
+    def activate(self, r: Replica) -> ReplicaState:
+        """A replica whose model finished loading starts serving; arrivals parked for it go in."""
         drv = self.drv
-        started = []
-        for r in drv.fleet.take_loaded(now):
-            others = [o.replica for o in drv.fleet] + [r]
-            pool = kv_pool_bytes(others, drv.models, drv.gmg.capacity_bytes, drv.sc.replay.gpu_memory_utilization)[-1]
-            started.append(drv.start_replica(r, pool))
-            drv.fleet.enlist(started[-1])
-            for req in drv.fleet.unpark(r.tenant):  # cold start over: parked arrivals go in
-                drv.admit(started[-1], req)
-        return started
+        others = [o.replica for o in drv.fleet] + [r]
+        pool = kv_pool_bytes(others, drv.models, drv.gmg.capacity_bytes, drv.sc.replay.gpu_memory_utilization)[-1]
+        rs = drv.start_replica(r, pool)
+        drv.fleet.enlist(rs)
+        for req in drv.fleet.unpark(r.tenant):  # cold start over: parked arrivals go in
+            drv.admit(rs, req)
+        return rs
