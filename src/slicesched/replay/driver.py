@@ -145,10 +145,9 @@ class ReplayDriver:
         self.iterations = 0
         self.rejected = 0
         self.over_context = 0
-        self.loans = Loans(self)  # guests, staged shards, KV caches in flight (SliceScheduler)
+        self.loans = Loans(self)  # guests and staged shards (SliceScheduler)
         self.moves = Moves(self)  # container moves (realloc)
         self._dropped = False  # an iteration was dropped while the current decision was carried out
-        # activations on their way to a micro-batch's next stage: (landing time, key of the stage iteration that sent them, ...)
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
         self.attribution = Attribution(self.gmg, self.cluster, self._lane)
         scheduler.attach(self)

@@ -9,7 +9,8 @@ tensor-parallel over home plus those devices; its KV mirror is charged like any 
 iteration run whole over the union completes only once its borrowed heads' KV is copied home
 (`kv_sync_s`). `ShardRelease` evicts the shards and gives the memory back.
 
-`Loans` owns the leases, the KV caches in flight and the counters; the replicas are the fleet's.
+`Loans` owns the leases and the loan counters; the replicas are the fleet's, KV caches in
+flight and KV syncs are events of the driver's `EventQueue`.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class Loans:
         or nothing; owners keep at least a quarter of their pool."""
         plan = []
         for d in devs:
-            owner = next((rs for rs in self.drv.fleet if not rs.guest and d in rs.replica.devices), None)
+            owner = self.drv.fleet.owner_of(d)
             if owner is None:
                 return None
             if any(o is owner for o, _ in plan):
