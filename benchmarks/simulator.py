@@ -10,11 +10,9 @@ is perturbed (seeded noise and interference). Prints one `name: value unit` a li
   end), BLOCK grain, `execute` waking the driver when an iteration finishes (how the replay
   driver runs whole-iteration schedulers; chains run as exact segments). Median of 3 seeds.
 - sim_op_events_per_ms_wake_slice: the same with the driver woken after every slice completion
-  (how the replay driver runs SliceScheduler while it has guests): each wake is a Python round
-  trip (outcome, driver, decision) of a few microseconds for ~6 ops, which bounds this mode in
-  CPython whatever the engine does; _wake_slice_layer_grain: per-slice wake, LAYER grain;
-  _wake_one_group: woken after every slice of one group (t0's device) and at iteration ends,
-  how SliceScheduler runs while it hosts a guest on one container.
+  (a scheduler that places slices lazily, `Scheduler.wants_every_slice`): each wake is a Python
+  round trip (outcome, driver, decision) of a few microseconds for ~6 ops, which bounds this
+  mode in CPython whatever the engine does; _wake_slice_layer_grain: per-slice wake, LAYER grain.
 - whatif_p50_us / whatif_p99_us: fork + apply one placement (the iteration just formed) +
   simulate 100 ms, at 10 consecutive decision points of one replay x 40 what-ifs each (the first
   at each point pays for planning the running chains and meets the caches the replay step left;
@@ -81,7 +79,7 @@ class DecodeDriver:
         self.live[h.key] = tenant
         return SlicePlacement(h.slice_base, self.group[tenant], h.num_slices)
 
-    def run(self, seconds: float, wake: str | frozenset[int] = "slice") -> tuple[int, float]:
+    def run(self, seconds: float, wake: str = "slice") -> tuple[int, float]:
         """Drive for `seconds` of simulated time; (op events, wall seconds)."""
         placements = [self.new_iteration(t) for t, _, _ in TENANTS]
         ev0, w0 = self.sim.op_events, time.perf_counter()
@@ -95,12 +93,12 @@ class DecodeDriver:
 
 
 def bench_events(seconds: float = 3.0, wake: str = "slice", grain: Grain = Grain.BLOCK) -> float:
-    """`wake`: as `Simulator.execute`, or "one-group" for t0's group only."""
+    """`wake`: as `Simulator.execute`."""
     rates = []
     for seed in range(3):
         gc.collect()
         drv = DecodeDriver(seed=seed, grain=grain)
-        ops, wall = drv.run(seconds, frozenset({drv.group["t0"]}) if wake == "one-group" else wake)
+        ops, wall = drv.run(seconds, wake)
         rates.append(ops / (wall * 1e3))
     return statistics.median(rates)
 
@@ -188,7 +186,6 @@ def main() -> None:
     print(f"sim_op_events_per_ms: {bench_events(wake='iteration'):.0f} events/ms")
     print(f"sim_op_events_per_ms_wake_slice: {bench_events():.0f} events/ms")
     print(f"sim_op_events_per_ms_wake_slice_layer_grain: {bench_events(grain=Grain.LAYER):.0f} events/ms")
-    print(f"sim_op_events_per_ms_wake_one_group: {bench_events(wake='one-group'):.0f} events/ms")
     p50, p99, cold, p99_warm = bench_whatif()
     print(f"whatif_p50_us: {p50:.0f} us")
     print(f"whatif_p99_us: {p99:.0f} us")

@@ -111,6 +111,7 @@ def single_writer_violations() -> list[str]:
     for module, tree in mods.items():
         package = _package(module)
         near = set().union(*(a for m, a in attrs_of.items() if _package(m) == package))
+        reachable = _imported_units(module, tree) | {package}  # objects it can hold come from these
         for attr, cls in _writes(tree):
             if cls is None and (attr in attrs_of[module] or not _owned(module) and attr in near):
                 continue  # through another object, of a name this module's (package's) own classes have
@@ -118,8 +119,10 @@ def single_writer_violations() -> list[str]:
             if cls in classes and attr not in classes[cls][1]:
                 cls = None  # through self, an attribute its class does not set: whoever has that name
             owners = [cls] if cls in classes else ([] if cls is not None else by_attr.get(attr, []))
-            if cls is None and _owned(module):
-                owners = [c for c in owners if _package(classes[c][0]) == package] or owners
+            if cls is None:  # a class of a package this module does not import is not what it writes
+                owners = [c for c in owners if _unit(classes[c][0]) in reachable]
+                if _owned(module):
+                    owners = [c for c in owners if _package(classes[c][0]) == package] or owners
             for c in owners:
                 if attr in classes[c][1]:
                     writers[(c, attr)].add(module)
@@ -152,16 +155,12 @@ def mixin_classes() -> list[str]:
     return out
 
 
-SIM_PENDING = pytest.mark.xfail(strict=True, reason="sim/ is still built from mixins whose state is written "
-                                 "from several modules (issue 25, item 2)")
-
-
-@pytest.mark.parametrize("package", ["replay", pytest.param("sim", marks=SIM_PENDING)])
+@pytest.mark.parametrize("package", ["replay", "sim"])
 def test_no_mixins(package: str) -> None:
     assert [m for m in mixin_classes() if m.startswith(package + "/")] == []
 
 
-@pytest.mark.parametrize("package", ["replay", pytest.param("sim", marks=SIM_PENDING)])
+@pytest.mark.parametrize("package", ["replay", "sim"])
 def test_state_has_one_writer(package: str) -> None:
     assert [v for v in single_writer_violations() if v.startswith(package + "/")] == []
 

@@ -55,7 +55,7 @@ def test_a_longer_day_replay_holds_no_more_live_state() -> None:
         sim = d.backend  # the default backend: the simulator
         assert not d.inflight and not d.gmg.iterations
         assert len(sim._sh.infos) == len(sim._sh.timing._ops) == len(sim._sh.timing._timings) == 0
-        assert len(sim._tcache) == len(sim._perturbed) == 0
+        assert len(sim.timings.in_use) == len(sim.timings.perturbed) == 0
     assert long.gmg._cap == short.gmg._cap
 
 

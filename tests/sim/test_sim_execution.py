@@ -8,6 +8,7 @@ from slicesched.gmg import BatchShape, Grain, build_iteration
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.sched.interface import SchedulerDecision, SlicePlacement, WeightCopy, WeightEviction
 from slicesched.sim import SimulationError, Simulator
+from slicesched.sim.prediction import op_times
 
 H100 = DEVICES["H100-80GB"]
 
@@ -33,8 +34,8 @@ def test_chain_on_one_device_takes_the_sum_of_its_op_times() -> None:
     assert [c.slice_id for c in done] == list(h.slice_ids())
     assert done[-1].end == pytest.approx(expected.sum(), rel=1e-12)
     assert sim.op_events == g.num_ops
-    starts = np.concatenate([sim.op_times(r)[0] for r in sim.log.slices])
-    ends = np.concatenate([sim.op_times(r)[1] for r in sim.log.slices])
+    starts = np.concatenate([op_times(r)[0] for r in sim.log.slices])
+    ends = np.concatenate([op_times(r)[1] for r in sim.log.slices])
     np.testing.assert_allclose(ends - starts, expected, rtol=1e-12)  # every op has its own event
     np.testing.assert_allclose(starts[1:], ends[:-1], rtol=1e-12)  # back to back
 

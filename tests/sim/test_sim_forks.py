@@ -23,7 +23,7 @@ def test_a_focused_fork_predicts_what_a_whole_fork_does_inside_its_focus(c: Case
     sim.run(until=c.horizon * data.draw(st.floats(0.0, 0.7)))
     seed = {data.draw(st.integers(0, sim.gmg.cluster.num_devices - 1))}
     focused = sim.fork(seed)  # first, so that it meets the parent's segments (it splits only its own)
-    devs, keys = focused._focus
+    devs, keys = focused.forks.focus
     part = focused.simulate(c.horizon)
     whole = sim.fork().simulate(c.horizon)
     assert seed <= devs
@@ -37,7 +37,7 @@ def test_a_focused_fork_predicts_what_a_whole_fork_does_inside_its_focus(c: Case
 def test_a_focused_fork_leaves_out_the_devices_nothing_connects_to_its_focus() -> None:
     sim = decode_loop(Perturbation(3), seconds=0.001)  # a on device 0, b on 1-2, c on 3
     f = sim.fork({0})
-    devs, keys = f._focus
+    devs, keys = f.forks.focus
     assert devs == {0}
     assert {sim.gmg.iterations[k].graph.tenant for k in keys} == {"a"}
     assert all(r.group == sim.gmg.cluster.group_id((0,)) for r in f._running.values())
@@ -50,8 +50,8 @@ def test_a_focused_fork_ignores_placements_outside_and_refuses_ones_that_leave_i
     f = sim.fork({0})
     h = f.add_iteration(build_iteration(TENANTS["c"][0], BatchShape.decode(4, 8), tenant="c"))
     f.apply(SchedulerDecision(f.now, (SlicePlacement(h.slice_base, gmg.cluster.group_id((3,)), h.num_slices),)))
-    assert not f._queue and h.slice_base not in f._running  # device 3 is not in this fork
-    (key,) = [k for k in f._focus[1]]
+    assert not f.queue.items and h.slice_base not in f._running  # device 3 is not in this fork
+    (key,) = [k for k in f.forks.focus[1]]
     it = gmg.iterations[key]
     state = gmg.col("state")
     pending = [x for x in range(it.base, it.base + it.graph.num_slices) if state[x & gmg.mask] <= 1]
@@ -66,7 +66,7 @@ def test_a_focused_fork_keeps_the_transfers_that_share_a_link_with_its_own() -> 
     sim = Simulator(gmg, COST)
     sim.apply(SchedulerDecision(0.0, weight_copies=(WeightCopy("a", 0, 0, 2), WeightCopy("a", 0, 0, 3))))
     focused, whole = sim.fork({2}), sim.fork()
-    assert focused._focus[0] == {0, 2, 3}
+    assert focused.forks.focus[0] == {0, 2, 3}
     ends = []
     for f in (focused, whole):
         f.simulate(1.0)
@@ -82,7 +82,7 @@ def test_a_focused_fork_given_a_decision_brings_in_the_groups_it_places_on(c: Ca
     sim = case_sim(c, perturbation=Perturbation(2, duration_cv=0.3), segments=True)
     seed = {data.draw(st.integers(0, sim.gmg.cluster.num_devices - 1))}
     focused = sim.fork(seed, c.decision)
-    devs, keys = focused._focus
+    devs, keys = focused.forks.focus
     part = focused.simulate(c.horizon)
     whole = sim.fork(None, c.decision).simulate(c.horizon)
     for k in keys:

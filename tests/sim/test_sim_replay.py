@@ -8,6 +8,8 @@ from sim_helpers import COST, same_prediction, tiny, whole, world
 from slicesched.gmg import BatchShape, build_iteration
 from slicesched.sched.interface import SchedulerDecision, SlicePlacement
 from slicesched.sim import Perturbation, Simulator
+from slicesched.sim.forks import digest
+from slicesched.sim.prediction import op_times
 
 TENANTS = {"a": (tiny("ma", layers=2), (0,)), "b": (tiny("mb", layers=3, hidden=128), (1, 2)),
            "c": (tiny("mc", layers=1), (3,))}
@@ -60,20 +62,6 @@ def test_waking_per_iteration_replays_exactly_what_waking_per_slice_does() -> No
     assert ends[0] == ends[1]
 
 
-def test_waking_for_some_groups_replays_exactly_what_waking_per_slice_does() -> None:
-    pert = Perturbation(2, duration_cv=0.2, interference=0.3)
-    watched = world(TENANTS, per_node=4).cluster.group_id(TENANTS["b"][1])
-    wakes: list = []
-    per_slice, some = decode_loop(pert), decode_loop(pert, wake={watched}, wakes=wakes)
-    stop = min(per_slice.now, some.now)
-    a, b = (t[t[:, 3] <= stop] for t in (per_slice.log.slice_table(), some.log.slice_table()))
-    np.testing.assert_array_equal(a[np.argsort(a[:, 0])], b[np.argsort(b[:, 0])])
-    # woken only by an iteration's end or a slice of the watched group, and by each of those
-    assert all(o.finished_iterations or any(c.group == watched for c in o.completed) for o in wakes)
-    assert all(sum(c.group == watched for c in o.completed) <= 1 for o in wakes)
-    assert len(wakes) < len(per_slice.log.slices) / 2
-
-
 def test_different_seeds_differ() -> None:
     assert timeline(decode_loop(Perturbation(7))) != timeline(decode_loop(Perturbation(8)))
 
@@ -88,7 +76,7 @@ def test_op_noise_has_mean_one_and_the_requested_spread() -> None:
         h = sim.add_iteration(g)
         sim.execute(whole(h, 0))
         sim.run()
-    ops = {k: np.concatenate([np.diff(np.stack(s.op_times(r)), axis=0)[0] for r in s.log.slices])
+    ops = {k: np.concatenate([np.diff(np.stack(op_times(r)), axis=0)[0] for r in s.log.slices])
            for k, s in sims.items()}
     ratio = ops["noisy"] / ops["exact"]
     assert ratio.mean() == pytest.approx(1.0, abs=0.05)
@@ -98,13 +86,13 @@ def test_op_noise_has_mean_one_and_the_requested_spread() -> None:
 def test_fork_does_not_touch_its_parent() -> None:
     sim = decode_loop(Perturbation(3), seconds=0.001)
     twin = decode_loop(Perturbation(3), seconds=0.001)
-    before = (sim.digest(), sim.now, sim.gmg.col("state").copy(), sim.gmg.mem_used().copy(), len(sim.log.slices))
+    before = (digest(sim), sim.now, sim.gmg.col("state").copy(), sim.gmg.mem_used().copy(), len(sim.log.slices))
     f = sim.fork()
     ready = f.gmg.unmapped_ready()
     h = f.add_iteration(build_iteration(TENANTS["a"][0], BatchShape.decode(8, 8), tenant="a"))
     f.apply(SchedulerDecision(f.now, (SlicePlacement(h.slice_base, 3, h.num_slices),)))
     f.simulate(0.01)
-    after = (sim.digest(), sim.now, sim.gmg.col("state"), sim.gmg.mem_used(), len(sim.log.slices))
+    after = (digest(sim), sim.now, sim.gmg.col("state"), sim.gmg.mem_used(), len(sim.log.slices))
     assert before[0] == after[0] and before[1] == after[1] and before[4] == after[4]
     np.testing.assert_array_equal(before[2], after[2])
     np.testing.assert_array_equal(before[3], after[3])
@@ -159,15 +147,15 @@ def test_fork_does_not_depend_on_the_parent_holding_chains_as_segments() -> None
     re-time what runs from the cost model exactly as when the same state is held slice by slice."""
     pert = Perturbation(5, duration_cv=0.5)
     chained, split = (decode_loop(pert, seconds=0.003, wake="iteration") for _ in range(2))
-    split._dissolve_segments()
-    assert chained._nseg and not split._nseg
+    split.segs.dissolve()
+    assert chained.segs.n and not split.segs.n
     same_prediction(chained.fork().simulate(0.002), split.fork().simulate(0.002))
 
 
 def test_a_long_replay_keeps_only_live_iterations_cached() -> None:
     sim = decode_loop(Perturbation(1), seconds=0.01, record=False)
     assert sim.gmg._next_key > 50 and not sim.log.iterations  # recording nothing, it keeps no rows
-    assert len(sim._sh.infos) <= len(TENANTS) and len(sim._perturbed) <= len(TENANTS)
+    assert len(sim._sh.infos) <= len(TENANTS) and len(sim.timings.perturbed) <= len(TENANTS)
     assert len(sim._sh.timing._timings) <= len(TENANTS) and len(sim._sh.timing._ops) <= len(TENANTS)
 
 
@@ -225,8 +213,8 @@ def test_reading_the_gmg_after_a_step_shows_what_eager_writes_would() -> None:
     lazy, eager = (decode_loop(pert, seconds=0.002, wake="iteration") for _ in range(2))
     for sim in (lazy, eager):
         sim.execute(SchedulerDecision(sim.now), wake="iteration")
-    eager._sync_segments()  # what execute used to do before returning
-    assert lazy._nseg and lazy.gmg._lazy is not None
+    eager.segs.sync()  # what execute used to do before returning
+    assert lazy.segs.n and lazy.gmg._lazy is not None
     assert np.array_equal(lazy.gmg.unmapped_ready(), eager.gmg.unmapped_ready())
     assert lazy.gmg._lazy is not None  # exact without settling: read without it
     for name in ("state", "start_t", "end_t", "ready_t", "preds_left"):

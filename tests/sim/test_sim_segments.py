@@ -13,7 +13,7 @@ from slicesched.sim import Perturbation
 @given(cases())
 def test_segments_equal_per_slice_simulation(c: Case) -> None:
     sim = case_sim(c)
-    slow = sim._copy(keep_log=False, retime=False, segments=False)
+    slow = sim.copy(retime=False, segments=False)
     fast = sim.fork()
     for s in (slow, fast):
         s.apply(c.decision)
@@ -48,7 +48,7 @@ def test_fork_of_a_running_simulator_then_remap_equals_per_slice(c: Case, data: 
         it = sim.gmg.iterations[int(sim.gmg.get("iteration", x))]
         devs = tuple(sorted(data.draw(st.permutations(range(sim.gmg.cluster.num_devices)))[: it.graph.tp]))
         moves.append(SlicePlacement(x, sim.gmg.cluster.group_id(devs), 1))
-    slow = sim._copy(keep_log=False, retime=False, segments=False)
+    slow = sim.copy(retime=False, segments=False)
     fast = sim.fork()
     for s in (slow, fast):
         s.apply(SchedulerDecision(s.now, tuple(moves)))

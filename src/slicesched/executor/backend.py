@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,19 +192,17 @@ class ExecutorBackend:
         return self._results.pop(key)
 
     # ---- decisions ------------------------------------------------------------------------
-    def execute(self, decision: SchedulerDecision, until: float = float("inf"),
-                wake: str | Collection[int] = "slice") -> StepOutcome:
+    def execute(self, decision: SchedulerDecision, until: float = float("inf"), wake: str = "slice") -> StepOutcome:
         """Apply weight moves and placements, then wait until at least one slice completes
-        (`wake="slice"`; `"iteration"`: an iteration finishes; group ids: an iteration finishes
-        or a slice on one of them completes), an OOM, nothing is running, or this backend's
-        clock reaches `until` (with nothing running it waits for `until`: a wall clock).
+        (`wake="slice"`; `"iteration"`: an iteration finishes), an OOM, nothing is running, or
+        this backend's clock reaches `until` (with nothing running it waits for `until`: a wall clock).
 
         Container moves, guests and shard stages are serving-level decisions the replay driver
         carries out (through `apply`, `alloc_kv`, ...); they are not this backend's to apply.
         """
-        if isinstance(wake, str) and wake not in ("slice", "iteration"):
-            raise ValueError(f"execute: wake must be 'slice', 'iteration' or group ids, not {wake!r}")
-        watch = None if wake == "slice" else frozenset() if wake == "iteration" else frozenset(wake)
+        if wake not in ("slice", "iteration"):
+            raise ValueError(f"execute: wake must be 'slice' or 'iteration', not {wake!r}")
+        per_slice = wake == "slice"
         self.apply(decision)
         completed: list[SliceCompletion] = []
         finished: list[int] = []
@@ -215,7 +213,7 @@ class ExecutorBackend:
             completed += done
             finished += ends
             tokens += toks
-            if finished or self._ooms or (done and (watch is None or any(c.group in watch for c in done))):
+            if finished or self._ooms or (done and per_slice):
                 break
             left = until - self.now
             if left <= 0 or (until == float("inf") and not self.in_flight):

@@ -179,10 +179,8 @@ class Scheduler(ABC):
         iteration finishes or an arrival, which is much faster for whole-iteration placement."""
         return False
 
-    def wake_on(self) -> "str | frozenset[int]":
-        """What the driver passes as the backend's `wake` before each step: "slice", "iteration",
-        or the device groups on whose every slice completion `schedule` must run (the rest run
-        on, as with "iteration"). By default, from `wants_every_slice`."""
+    def wake_on(self) -> str:
+        """What the driver passes as the backend's `wake` before each step (see `wants_every_slice`)."""
         return "slice" if self.wants_every_slice() else "iteration"
 
     def attach(self, view: ServingView) -> None:
@@ -230,12 +228,12 @@ class Backend(Protocol):
         ...
 
     def execute(self, decision: SchedulerDecision, until: float = float("inf"),
-                wake: "str | Collection[int]" = "slice") -> StepOutcome:
+                wake: str = "slice") -> StepOutcome:
         """Apply the decision and run until at least one slice completes, nothing is left to
         run, or the clock reaches `until` (the driver's next external event, e.g. an arrival).
-        `wake`: "slice", "iteration" (run on until an iteration finishes) or the groups whose
-        every slice completion hands control back (`Scheduler.wake_on`). Serving-level fields
-        (container moves, guests, shard stages) are the driver's: the backend ignores them."""
+        `wake`: "slice", or "iteration" (run on until an iteration finishes; `Scheduler.wake_on`).
+        Serving-level fields (container moves, guests, shard stages) are the driver's: the
+        backend ignores them."""
         ...
 
     def apply(self, decision: SchedulerDecision) -> None:

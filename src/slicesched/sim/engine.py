@@ -8,48 +8,36 @@ never changes its parent's future (it may split the parent's segments, which is 
 `execute(..., wake="iteration")` and simulators built with `segments=True` run the chains of
 slices a group will execute next as one event (see `segments.py`); property tests check that
 this gives exactly what per-slice events give.
-
-Execution model:
-- a slice mapped to a group becomes runnable when its predecessors are done, inputs from other
-  groups have arrived and its weight blocks are resident on every device of the group; it then
-  waits in one queue ordered by (runnable time, slice id), and whenever devices free up the queue
-  is scanned in order and every slice whose devices all have a free stream starts (greedy, no
-  reservation);
-- a running slice occupies one stream on every device of its group for the sum of its ops'
-  durations (ops run back to back; their times are derived from a cumulative sum on demand),
-  slowed by `1 + stream_slowdown * k` where k counts other slices on those devices at its start;
-- a slice's output moves to each consumer on another group as soon as both the slice is done and
-  the consumer is mapped; weight copies move blocks from a peer device or host memory;
-- memory follows `memory.py`; an activation that does not fit is an OOM: the slice (or the
-  transfer into it) does not start, the slice is unmapped so the scheduler can place it again,
-  and the driver sees the OOMEvent (it may preempt and recompute with `abort_iteration`).
+The execution model is in the package's docstring (`sim/__init__.py`).
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Collection
-from typing import Callable, NamedTuple
+from typing import Callable, Sequence
 
 import numpy as np
 
 from slicesched.cost.model import CostModel
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
-from slicesched.decisions import Completions, OOMEvent, SchedulerDecision, StepOutcome
+from slicesched.decisions import OOMEvent, SchedulerDecision, StepOutcome
 from slicesched.sim.events import Event, Prio
-from slicesched.sim.forks import ForkMixin
-from slicesched.sim.lifecycle import LifecycleMixin, MemoryMixin, QueryMixin
-from slicesched.sim.placement import PlacementMixin
-from slicesched.sim.iterinfo import IterInfo, build_info
+from slicesched.sim.forks import Forks, MappingReads, rebuild_heap, retimed
+from slicesched.sim.iterinfo import IterInfo
+from slicesched.sim.lifecycle import Lifecycle
 from slicesched.sim.memory import ACT, MemoryLedger
-from slicesched.sim.network import Network, Paths
+from slicesched.sim.network import Network
 from slicesched.sim.perturbation import Perturbation
-from slicesched.sim.prediction import Prediction, RunLog, SliceRow, build_prediction
-from slicesched.sim.segments import ALL_GROUPS, Segment, SegmentMixin
-from slicesched.sim.weights import WeightsMixin
-from slicesched.sim.timing import SliceTiming, SliceTimingMixin, TimingCache
+from slicesched.sim.placement import Placement
+from slicesched.sim.outcome import Outcomes
+from slicesched.sim.prediction import Prediction, RunLog, build_prediction
+from slicesched.sim.segments import Segments
+from slicesched.sim.state import ReadyQueue, Run, SharedCaches
+from slicesched.sim.timing import Timings
+from slicesched.sim.trace import chrome_trace
+from slicesched.sim.weights import Residency
 
 INF = float("inf")
 _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
@@ -58,37 +46,7 @@ _SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
 _new_run = tuple.__new__  # Run(...) without the generated __new__'s Python frame (hot loop)
 
 
-class Run(NamedTuple):
-    """A slice (or, with `seg`, a chain of slices) occupying its group."""
-
-    group: int
-    start: float
-    end: float
-    info: IterInfo
-    local: int
-    timing: SliceTiming
-    scale: float
-    co: int  # other slices on the group's devices at start
-    version: int
-    seg: Segment | None = None
-
-
-class _Shared:
-    """Pure caches a simulator shares with its forks."""
-
-    def __init__(self, gmg: GlobalMappingGraph, cost: CostModel) -> None:
-        self.cost = cost
-        self.cluster = gmg.cluster
-        self.timing = TimingCache(cost, gmg.cluster)
-        self.paths = Paths(gmg.cluster, cost)
-        self.infos: dict[int, IterInfo] = {}
-        self.devs: dict[int, tuple[int, ...]] = {}
-        self.span_devs: dict[tuple[int, ...], frozenset[int]] = {}  # groups -> the devices they cover
-        self.home_bytes: dict[str, np.ndarray] = {}
-
-
-class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMixin, LifecycleMixin, QueryMixin,
-                SliceTimingMixin):
+class Simulator:
     """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given.
 
     perturbation: reality's deviation from the cost model (None: predict exactly by it);
@@ -104,57 +62,57 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
                  segments: bool = False, now: float = 0.0) -> None:
         if streams_per_device < 1 or stream_slowdown < 0:
             raise ValueError("streams_per_device must be >= 1 and stream_slowdown >= 0")
-        self._sh = _Shared(gmg, cost_model)
-        self.record = record
-        self._kept_below = 0  # iterations (keys) whose structure a recorded timeline names
+        self._sh = SharedCaches(gmg, cost_model)
+        self._owner = True  # owns the shared caches (forks and checkpoints do not)
+        self.kept_below = 0  # iterations (keys) whose structure a recorded timeline names
         self.gmg = gmg
         self.perturbation = perturbation
         self.streams = streams_per_device
         self.stream_slowdown = stream_slowdown
         self.segments = segments
         self.now = now
-        self._heap: list[Event] = []
-        self._ver = 0
-        self._stamp = 0
-        self._key: tuple = (now, 3, None)
-        self._free = [streams_per_device] * gmg.cluster.num_devices
-        self._queue: list[tuple[float, int, int]] = []  # (runnable since, slice, group)
-        self._running: dict[int, Run] = {}
-        self._outputs: dict[int, tuple[int, float, int]] = {}  # slice -> (group, bytes, consumers left)
-        self._inbound: dict[int, tuple[int, tuple[tuple[tuple[int, ...], float], ...]]] = {}
-        self._wwait: dict[tuple[str, int, int], tuple[int, ...]] = {}  # missing block -> waiting slices
-        self._wver = 0
-        self._wok: dict[tuple, int] = {}  # (tenant, group[, blocks]) -> _wver when all (those) blocks were there
         self.net = Network(self._sh.paths)
         self.mem = MemoryLedger(gmg, now, record)
-        self._init_outputs()
-        self._perturbed: dict[tuple[int, tuple], SliceTiming] = {}
-        self._tcache: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
-        self._spans: dict[int, tuple[int, ...]] = {}  # live iteration -> groups its slices were mapped to
-        self._focus: tuple[frozenset[int], set[int]] | None = None  # a focused fork's devices, iterations
-        self._reach_memo: tuple | None = None  # the last `_reach` (state, seed) and its answer
-        self._weights_seen = gmg.weights_version
-        self._fork_plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
-        self._owner = True  # owns the shared caches (forks and checkpoints do not)
-        self._forked = False  # has handed out a fork (what-ifs will read the cost model's timings)
-        self._seg_on: list[int | None] = [None] * gmg.cluster.num_devices
-        self._nseg = 0
-        self._deferred: list[Event] = []
-        self._reads: dict[int, int] | None = None  # slice -> stamp its mapping was first acted on
-        self._soft: dict[int, tuple] | None = None  # slice -> heap key at which a segment relies on it
-        self.on_event: Callable[["Simulator"], None] | None = None
-        self._watch: frozenset[int] | None = None  # groups whose slices run one by one (see execute)
-        self._hits: list[int] | None = None  # in `execute`: finished iterations, watched completions
+        self._heap: list[Event] = []
+        self._running: dict[int, Run] = {}
+        self._init_core(now, [streams_per_device] * gmg.cluster.num_devices, ReadyQueue())
+        self._init_parts(Timings(self._sh.timing, perturbation), Residency(self), Placement(self), Segments(self))
+        self.out = Outcomes({k: it.graph.tenant for k, it in gmg.iterations.items()}, record)
 
-    def _init_outputs(self, tracked: dict[int, str] | None = None) -> None:
-        self.log = RunLog()
-        self._done: list[tuple[int, int, float, float]] = []  # (slice, group, start, end)
-        self._done_chains: list[SliceRow] = []
-        self._finished: list[int] = []
-        self._ooms: list[OOMEvent] = []
-        self.op_events = 0
-        self._tracked = dict(tracked) if tracked is not None else {k: it.graph.tenant
-                                                                   for k, it in self.gmg.iterations.items()}
+    def _init_core(self, now: float, free: list[int], queue: ReadyQueue) -> None:
+        self._ver = 0  # version of the latest Run: an end event of an older one is stale
+        self.stamp = 0  # events processed so far (a total order of the run's events)
+        self._key: tuple = (now, 3, None)  # heap key of the event being processed
+        self._free = free  # free streams per device
+        self.queue = queue
+        self.on_event: Callable[["Simulator"], None] | None = None
+        self._hits: list[int] | None = None  # in `execute(wake="iteration")`: finished iterations
+        self.reads: MappingReads | None = None  # a recording copy's mapping reads (incremental)
+
+    def _init_parts(self, timings: Timings, res: Residency, placement: Placement, segs: Segments) -> None:
+        self.timings = timings
+        self.res = res
+        self.placement = placement
+        self.segs = segs
+        self.forks = Forks(self)
+        self.life = Lifecycle(self)
+
+    @property
+    def record(self) -> bool:
+        """Keep every slice, transfer and memory change (see `stop_recording`)."""
+        return self.out.record
+
+    @property
+    def log(self) -> RunLog:
+        return self.out.log
+
+    @property
+    def op_events(self) -> int:
+        return self.out.op_events
+
+    @property
+    def tracked(self) -> dict[int, str]:
+        return self.out.tracked
 
     # ==== driver API (`sched.interface.Backend`) ==========================================
     computes_tokens = False  # prices iterations from their graphs; never runs a model
@@ -169,58 +127,51 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         `home` is the group of the engine replica that formed it (see GMG.add_iteration).
         `inputs` (token ids, KV blocks) are for backends that compute: the graph prices it here."""
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
-        self._tracked[h.key] = graph.tenant
+        self.out.track(h.key, graph.tenant)
         if home >= 0:  # its structure and price at home, once, not in the first what-if that places it
             info, _ = self._info_of(h.slice_base)
             # the slice sums only once this simulator has forked: a replay that never asks a
             # what-if needs just the op prices its noise multiplies
             timing = self._sh.timing
-            (timing.get if self._forked else timing.ops)(h.key, graph, info.model, home)
+            (timing.get if self.timings.forked else timing.ops)(h.key, graph, info.model, home)
         return h
 
-    def execute(self, decision: SchedulerDecision, until: float = INF,
-                wake: str | Collection[int] = "slice") -> StepOutcome:
+    def execute(self, decision: SchedulerDecision, until: float = INF, wake: str = "slice") -> StepOutcome:
         """Apply `decision` at `now`, then run until at least one slice has completed (all events at
         that instant included), nothing is left to run, or the clock reaches `until`.
 
-        Extensions for drivers that need to hear about less than every slice (chains they do not
-        watch run as exact segments, many times faster; the outcome still lists every completed
-        slice): `wake="iteration"` (schedulers that place whole iterations, such as the baselines)
-        runs on until an iteration finishes; `wake=groups` (a collection of group ids) until an
-        iteration finishes or a slice on one of those groups completes. Steps of chains that go on
-        running are written to the GMG (and reported as completed) when the GMG is next read, or
-        when their chain ends or is split (see `GlobalMappingGraph.defer`).
+        `wake="iteration"` (schedulers that place whole iterations) runs on until an iteration
+        finishes, its chains as exact segments, many times faster; the outcome still lists every
+        completed slice. Steps of chains that go on running are written to the GMG (and reported
+        as completed) when the GMG is next read, or when their chain ends or is split (see
+        `GlobalMappingGraph.defer`).
         """
-        if isinstance(wake, str):
-            if wake not in ("slice", "iteration"):
-                raise ValueError(f"execute: wake must be 'slice', 'iteration' or group ids, not {wake!r}")
-            watch = None if wake == "iteration" else ALL_GROUPS
-        else:
-            watch = frozenset(wake)
-        if self.gmg.weights_version != self._weights_seen:
-            self._notice_outside_changes()
-        per_slice = watch is ALL_GROUPS
-        if self._nseg and (per_slice or watch):
-            self._split_on_groups(watch)
+        if wake not in ("slice", "iteration"):
+            raise ValueError(f"execute: wake must be 'slice' or 'iteration', not {wake!r}")
+        if self.gmg.weights_version != self.res.seen:
+            self.res.notice_outside_changes()
+        per_slice = wake == "slice"
+        if self.segs.n and per_slice:
+            self.segs.dissolve()
         seg, self.segments = self.segments, not per_slice
-        self._watch, self._hits = (watch if watch and not per_slice else None), []
+        self._hits = []
         try:
             self.apply(decision)
             if not per_slice:
-                self._form_segments()
-            self._run_to_completion(self._done if per_slice else self._hits, until)
+                self.segs.form()
+            self._run_to_completion(self.out.done if per_slice else self._hits, until)
             # the GMG shows the state at `now` once read (segments write their steps out then)
-            self.gmg.defer(self._sync_segments if self._nseg else None)
+            self.gmg.defer(self.segs.sync if self.segs.n else None)
         finally:
-            self.segments, self._watch, self._hits = seg, None, None
-        self._weights_seen = self.gmg.weights_version
+            self.segments, self._hits = seg, None
+        self.res.mark_seen()
         return self.take_outcome()
 
     def _run_to_completion(self, done: list, until: float) -> None:
         """Process events until `done` gets an entry (and every event at that instant), nothing
         is left, or the clock would pass `until`."""
         self.gmg.defer(None)  # steps still held by segments are written when they end or split
-        next_time, process = self._next_time, self._process
+        next_time, process = self.next_time, self.process
         first: float | None = None
         while True:
             t = next_time()
@@ -245,46 +196,47 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         self._apply(decision)
 
     def _apply(self, decision: SchedulerDecision) -> None:
-        if self._focus is not None:
-            decision = self._within_focus(decision)
+        if self.forks.focus is not None:
+            decision = self.forks.within_focus(decision)
         ev: list[Event] = []
         for e in decision.evictions:
-            self._evict(e)
+            self.res.evict(e)
         for c in decision.weight_copies:
-            ev += self._copy_weights(c)
+            ev += self.res.start_copy(c)
         for p in decision.placements:
-            ev += self._place(p)
+            ev += self.placement.place(p)
         ev += self._dispatch()
         self._push(ev)
 
     def step(self) -> bool:
         """Process the next event; False when none is left."""
         self.gmg.defer(None)
-        if self._next_time() == INF:
+        if self.next_time() == INF:
             return False
-        self._process()
+        self.process()
         return True
 
     def run(self, until: float = INF) -> StepOutcome:
         """Process every event up to `until`, then set the clock to `until` (when finite)."""
-        self._advance(until)
+        self.advance(until)
         return self.take_outcome()
 
-    def _advance(self, until: float, stop_after: set[int] | None = None) -> float:
+    def advance(self, until: float, stop_after: set[int] | None = None) -> float:
         """Process events up to `until`, or only to the instant the last of the iterations
         `stop_after` ends (every event at that instant included); returns where it stopped."""
         self.gmg.defer(None)
-        seen = len(self._finished)
-        while (t := self._next_time()) <= until and t < INF:
-            self._process()
-            if stop_after and len(self._finished) > seen:
-                stop_after.difference_update(self._finished[seen:])
-                seen = len(self._finished)
+        finished = self.out.finished
+        seen = len(finished)
+        while (t := self.next_time()) <= until and t < INF:
+            self.process()
+            if stop_after and len(finished) > seen:
+                stop_after.difference_update(finished[seen:])
+                seen = len(finished)
                 if not stop_after:
                     until = self.now
         if until < INF:
             self._new_stamp()  # the close of a run is a step of its own (rows it writes splice apart)
-            self._settle(until)
+            self.segs.settle(until)
             self.now = max(self.now, until)
         return until
 
@@ -293,32 +245,22 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         seconds of its timeline; recording the rest would grow with the trace). What is recorded
         stays, with the structure of every iteration it names."""
         if self.record:
-            self.record = self.mem.record = False
-            self._kept_below = self.gmg._next_key
+            self.out.stop_recording()
+            self.mem.stop_recording()
+            self.kept_below = self.gmg._next_key
 
     def take_outcome(self) -> StepOutcome:
         """Completions, finished iterations and OOMs since the last outcome."""
-        chains = [row[1:5] for row in self._done_chains] if self._done_chains else ()
-        out = StepOutcome(self.now, Completions(self._done, chains) if self._done or chains else (),
-                          tuple(self._finished), tuple(self._ooms))
-        if self._done:  # lists left empty are kept (a per-slice driver calls this per slice)
-            self._done = []
-        if chains:
-            self._done_chains = []
-        if self._finished:
-            self._finished = []
-        if self._ooms:
-            self._ooms = []
-        return out
+        return self.out.take(self.now)
 
     # ==== prediction ===================================================================
     def simulate(self, horizon_s: float, stop_after: Collection[int] = ()) -> Prediction:
         """Run `horizon_s` ahead and forecast (see `Prediction`). With `stop_after`, stop once
         every one of those iterations has ended (a caller comparing their ends needs no more):
         the prediction then covers up to that instant."""
-        t1 = self._advance(self.now + horizon_s, set(stop_after))
-        self._done, self._done_chains = [], []
-        return build_prediction(self._sh.cluster, self.mem.t0, t1, self._tracked, self.log, self.tail(),
+        t1 = self.advance(self.now + horizon_s, set(stop_after))
+        self.out.drop_completions()
+        return build_prediction(self._sh.cluster, self.mem.t0, t1, self.tracked, self.log, self.tail(),
                                 self.mem.peak())
 
     def tail(self) -> list[tuple[int, int, float, float]]:
@@ -326,7 +268,7 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         return [(s, r.group, r.start, r.end) for s, r in sorted(self._running.items())]
 
     # ==== event loop ===================================================================
-    def _next_time(self) -> float:
+    def next_time(self) -> float:
         h, running, net = self._heap, self._running, self.net
         flows, dirty = net.flows, net.dirty
         while h:
@@ -348,22 +290,23 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
             return INF
         # every join and close at `now` is in: the flows they touched get their shares once
         self._push(net.flush(self.now))
-        return self._next_time()
+        return self.next_time()
 
-    def _process(self) -> None:
+    def process(self) -> None:
         ev = heapq.heappop(self._heap)
         self.now = ev[0]
         self._key = ev
-        self._stamp = self.mem.stamp = self._stamp + 1
+        self.stamp = stamp = self.stamp + 1
+        self.mem.set_stamp(stamp)
         prio = ev[1]
         if prio == _SLICE_END:
             new = self._on_slice_end(ev[2])  # type: ignore[arg-type]
         elif prio == _XFER_END:
-            new = self._on_xfer_end(ev[2])  # type: ignore[arg-type]
+            new = self.placement.on_xfer_end(ev[2])  # type: ignore[arg-type]
         else:
             self.net.join(ev[2], self.now)  # type: ignore[arg-type]
             new = []
-        if new or self._deferred:
+        if new or self.segs.deferred:
             self._push(new)
         if self.on_event is not None:
             self.on_event(self)
@@ -372,13 +315,9 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         h, push = self._heap, heapq.heappush
         for e in events:
             push(h, e)
-        if self._deferred:
-            for e in self._take_deferred():
+        if self.segs.deferred:
+            for e in self.segs.take_deferred():
                 push(h, e)
-
-    def _take_deferred(self) -> list[Event]:
-        d, self._deferred = self._deferred, []
-        return d
 
     def _external(self) -> None:
         """A driver action at `now`: it counts as one stamp and sees every chain step up to now."""
@@ -386,14 +325,14 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         self._key = (self.now, 3, None)
 
     def _new_stamp(self) -> None:
-        self._stamp += 1
-        self.mem.stamp = self._stamp
+        self.stamp += 1
+        self.mem.set_stamp(self.stamp)
 
     # ==== slices =======================================================================
     def _on_slice_end(self, s: int) -> list[Event]:
         run = self._running[s]
         if run.seg is not None:
-            run = self._materialize(s, run, full=True)
+            run = self.segs.materialize(s, run, full=True)
         del self._running[s]
         return self._finish_slice(s, run)
 
@@ -402,104 +341,56 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         # there is something to do (every skipped call is a no-op in the general path)
         info, j, g = run.info, run.local, run.group
         devs = self._sh.devs[g]
-        if self._nseg:
-            self._touch(devs)
+        if self.segs.n:
+            self.segs.touch(devs)
         free = self._free
         for d in devs:
             free[d] += 1
-        self._release(s, info, j, g, devs)
+        self.placement.release(s, info, j, g, devs)
         succ = info.gsuccs[j]
         newly, fin = self.gmg.finish_on(s, self.now, run.start, devs, info.key, succ)
-        self._record(s, run)
-        if newly and len(succ) == 1 and not self._queue and self._reads is None and self._next_here(succ[0], g):
+        self.out.slice_done(self.stamp, s, run, self.now)
+        if newly and len(succ) == 1 and not self.queue.items and self.reads is None and self._next_here(succ[0], g):
             # the chain goes on here and nothing else waits: queueing the next slice and
             # dispatching the queue would start exactly it, now (an incremental base run, which
             # notes mapping reads in `_successors`, takes the general path)
             return self._start(succ[0], g, devs, info)
         ev = self._successors(s, info, j, g, succ, newly) if succ else []
         if fin is not None:
-            self._finished.append(fin)
+            self.out.iteration_done(self.stamp, fin, self.now)
             if self._hits is not None:
                 self._hits.append(fin)
-            if self.record:  # a prediction reads them; a replay that records nothing keeps none
-                self.log.iterations.append((self._stamp, fin, self.now))
             if self._owner:
-                self._forget(fin)
-        if self._queue:
+                self.life.forget(fin)
+        if self.queue.items:
             ev += self._dispatch()
         return ev
 
-    def _record(self, s: int, run: Run) -> None:
-        self.op_events += run.info.nops[run.local]
-        self._done.append((s, run.group, run.start, self.now))
-        if self._watch is not None and run.group in self._watch:
-            self._hits.append(s)
-        if self.record:
-            self.log.slices.append((self._stamp, s, run.group, run.start, self.now, run.info.key, run.local,
-                                    run.scale, run.timing))
-            self.log.busy.append((self._stamp, run.group, run.start, self.now))
-
-    def _record_chain(self, info: IterInfo, timing: SliceTiming, group: int, scale: float, first: int,
-                      starts: np.ndarray, ends: np.ndarray) -> None:
-        """Record chain steps written out at once (see segments.py)."""
-        j = first - info.base
-        self.op_events += info.nops_prefix[j + len(starts)] - info.nops_prefix[j]
-        row = (self._stamp, first, group, starts, ends, info.key, j, scale, timing)
-        self._done_chains.append(row)
-        if self.record:
-            self.log.chains.append(row)
-
-    def _release(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> None:
-        """Free what slice s held: intermediates, inputs whose last consumer it was, arrived inputs."""
-        own = info.inter[j]
-        outputs = self._outputs
-        for p in info.preds[j]:
-            ps = info.base + p
-            out = outputs.get(ps)
-            if out is None:
-                continue
-            if out[2] > 1:
-                outputs[ps] = (out[0], out[1], out[2] - 1)
-                continue
-            del outputs[ps]
-            if out[0] == g:
-                own += out[1]
-            else:
-                self._free_mem(self._devs(out[0]), out[1], ACT)
-        if s in self._inbound:
-            for bdevs, nbytes in self._inbound.pop(s)[1]:
-                self._free_mem(bdevs, nbytes, ACT)
-        if info.succs[j]:
-            outputs[s] = (g, info.out[j], len(info.succs[j]))
-        else:
-            own += info.out[j]
-        if own:  # `_free_mem` without the segment check `_finish_slice` already made
-            self.mem._apply(devs, -own, ACT, self.now)
-
     def _next_here(self, x: int, g: int) -> bool:
         """Is x mapped to group g with no input on its way from elsewhere?"""
-        return self.gmg.raw("group").item(x & self.gmg.mask) == g and x not in self._inbound
+        return self.gmg.raw("group").item(x & self.gmg.mask) == g and x not in self.placement.inbound
 
     def _successors(self, s: int, info: IterInfo, j: int, g: int, succ: tuple[int, ...],
                     newly: list[int]) -> list[Event]:
         ev: list[Event] = []
-        group, m, reads = self.gmg.raw("group"), self.gmg.mask, self._reads
+        group, m, reads = self.gmg.raw("group"), self.gmg.mask, self.reads
         for x in succ:
-            if reads is not None and x not in reads:
-                reads[x] = self._stamp
+            if reads is not None:
+                reads.note(x, self.stamp)
             gx = group.item(x & m)
             if gx >= 0 and gx != g:
-                ev += self._open_act(s, x, g, gx, info.out[j], info.tenant)
+                ev += self.placement.open_act(s, x, g, gx, info.out[j], info.tenant)
                 gx = group.item(x & m)  # an OOM may have unmapped it
-            if gx >= 0 and x in newly and x not in self._inbound:
+            if gx >= 0 and x in newly and x not in self.placement.inbound:
                 # queued, not started here: it starts in the dispatch that ends this event, after
                 # every transfer this event opens (interference counts them)
-                bisect.insort(self._queue, (self.now, x, gx, info))
+                self.queue.enqueue(self.now, x, gx, info)
         return ev
 
     def _dispatch(self) -> list[Event]:
         """Start every queued slice, in queue order, whose devices all have a free stream."""
-        q = self._queue
+        queue = self.queue
+        q = queue.items
         if not q:
             return []
         ev: list[Event] = []
@@ -507,31 +398,31 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         while i < len(q):
             _, s, g, info = q[i]
             devs = self._devs(g)
-            if self._nseg:
-                self._touch(devs)
+            if self.segs.n:
+                self.segs.touch(devs)
             for d in devs:
                 if free[d] <= 0:
                     i += 1
                     break
             else:
-                del q[i]
+                queue.start_at(i)
                 ev += self._start(s, g, devs, info)
         return ev
 
     def _start(self, s: int, g: int, devs: tuple[int, ...], info: IterInfo) -> list[Event]:
         j = s - info.base
-        if self._wok.get((info.tenant, g)) != self._wver and not self._weights_ready(s, info, j, g, devs):
+        if not (res := self.res).all_there(info, g) and not res.ready(s, info, j, g, devs):
             return []
         now = self.now
-        if self._nseg:
-            self._touch(devs)
+        if self.segs.n:
+            self.segs.touch(devs)
         oom = self.mem.try_alloc(devs, info.inter[j] + info.out[j], ACT, now, info.tenant)
         if oom is not None:
             self._report(oom)
-            return self._unplace(s)
-        timing = self._tcache.get((info.key, g))
+            return self.placement.unplace(s)
+        timing = self.timings.in_use.get((info.key, g))
         if timing is None:
-            timing = self._timing(info, g)
+            timing = self.timings.of(info, g)
         free = self._free
         if self.streams > 1:
             co = max(self.streams - free[d] for d in devs)
@@ -546,7 +437,7 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
         run = _new_run(Run, (g, now, now + timing.slice_dur[j] * scale, info, j, timing, scale, co, ver, None))
         self._running[s] = run
         if self.segments:
-            return self._try_segment(s, run, devs)
+            return self.segs.try_segment(s, run, devs)
         return [(run.end, _SLICE_END, s, ver)]
 
     def _scale(self, devs: tuple[int, ...], co: int) -> float:
@@ -557,32 +448,148 @@ class Simulator(PlacementMixin, SegmentMixin, WeightsMixin, ForkMixin, MemoryMix
             scale *= p.slowdown(co + flows) if co + flows else 1.0
         return scale
 
-    def _occupy(self, devs: tuple[int, ...], delta: int) -> None:
-        self._touch(devs)
-        free = self._free
-        for d in devs:
-            free[d] += delta
-
     def _stop_running(self, s: int) -> list[Event]:
         """Cancel a running slice (its iteration is being aborted)."""
         run = self._running.pop(s)  # segments were dissolved by the caller
         devs = self._devs(run.group)
-        self._occupy(devs, 1)
+        self.segs.touch(devs)
+        free = self._free
+        for d in devs:
+            free[d] += 1
         self._free_mem(devs, run.info.inter[run.local] + run.info.out[run.local], ACT)
-        for bdevs, nbytes in self._inbound.pop(s, (0, ()))[1]:
-            self._free_mem(bdevs, nbytes, ACT)
+        self.placement.free_inbound(s)
         return []
 
     # ==== lookups ======================================================================
     def _devs(self, g: int) -> tuple[int, ...]:
         d = self._sh.devs.get(g)
-        if d is None:
-            d = self._sh.devs[g] = self._sh.cluster.group(g)
-        return d
+        return d if d is not None else self._sh.group_devs(g)
 
     def _info_of(self, s: int) -> tuple[IterInfo, int]:
-        key = int(self.gmg.raw("iteration")[s & self.gmg.mask])
-        info = self._sh.infos.get(key)
-        if info is None:
-            info = self._sh.infos[key] = build_info(self.gmg, key)
-        return info, s - info.base
+        return self._sh.info_of(self.gmg, s)
+
+    # ==== state the collaborators change through the simulator ========================
+    def _rekey_run(self, old: int, new: int, run: Run) -> None:
+        """`run` (a segment, or the step a split left running) replaces the running entry `old`."""
+        del self._running[old]
+        self._running[new] = run
+
+    def _set_run(self, key: int, run: Run) -> None:
+        self._running[key] = run
+
+    def _next_version(self) -> int:
+        self._ver += 1
+        return self._ver
+
+    def _at_key(self, key: tuple) -> None:
+        """Segments split at this heap position."""
+        self._key = key
+
+    # ==== memory =======================================================================
+    def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
+        """Reserve `nbytes` of KV cache on each device for `tenant`, all or nothing; an OOM is
+        returned, recorded and reported in the next outcome."""
+        return self.life.alloc_kv(devices, nbytes, tenant)
+
+    def free_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
+        self.life.free_kv(devices, nbytes, tenant)
+
+    def _alloc(self, devs: tuple[int, ...], nbytes: float, cat: int, tenant: str,
+               what: str | None = None) -> OOMEvent | None:
+        self.segs.touch(devs)
+        oom = self.mem.try_alloc(devs, nbytes, cat, self.now, tenant)
+        if oom is not None and what is not None:
+            oom = OOMEvent(oom.device, oom.time, oom.requested_bytes, oom.in_use_bytes, oom.capacity_bytes,
+                           what, tenant)
+        return oom
+
+    def _free_mem(self, devs: tuple[int, ...], nbytes: float, cat: int) -> None:
+        self.segs.touch(devs)
+        self.mem.free(devs, nbytes, cat, self.now)
+
+    def _report(self, oom: OOMEvent) -> None:
+        self.out.oom(self.stamp, oom)
+
+    # ==== iterations ending ============================================================
+    def retire(self, key: int) -> IterationGraph:
+        """Forget a finished iteration in the GMG (the same as `gmg.retire`)."""
+        self.out.untrack(key)
+        return self.gmg.retire(key)
+
+    def abort_iteration(self, key: int) -> IterationGraph:
+        """Drop a live iteration (preempted for recomputation): its running slices stop, its
+        transfers are cancelled and all its activations are freed."""
+        events = self.life.stop(key)
+        self.out.untrack(key)
+        graph = self.gmg.abort(key)
+        self.life.forget_aborted(key)
+        self._push(events + self._dispatch())
+        return graph
+
+    # ==== forks, checkpoints and state identity (see forks.py) =========================
+    def fork(self, focus: Collection[int] | None = None, decision: SchedulerDecision | None = None) -> "Simulator":
+        """An independent copy that predicts from the cost model alone (see `Forks.fork`)."""
+        return self.forks.fork(focus, decision)
+
+    def snapshot(self) -> "Simulator":
+        """An exact copy of the current state (a checkpoint): same mode, no re-timing, empty rows."""
+        return self.copy(retime=False, segments=self.segments)
+
+    def copy(self, retime: bool, segments: bool, plan: tuple | None = None, focus: frozenset[int] | None = None,
+             held: Collection[int] | None = None, reads: MappingReads | None = None) -> "Simulator":
+        """An independent copy of the state that predicts from the cost model (a fork or a checkpoint).
+        `plan`: what `running_state` gave for this state; `focus` (a closed device set, see
+        `Forks.reach`): only the work on those devices, the GMG holding the iterations in `held`."""
+        if retime and self.segs.n:
+            # a segment's steps were timed with reality's noise: split it (exactly) so that the
+            # copy sees ordinary running slices it can re-time from the cost model
+            self.segs.dissolve() if focus is None else self.segs.split_on_devices(focus)
+        if self.net.dirty:  # the copy's heap is rebuilt from the flows' projected ends
+            self._push(self.net.flush(self.now))
+        f = Simulator.__new__(Simulator)
+        f._sh, f._owner, f.gmg = self._sh, False, self.gmg.fork(held)
+        f.perturbation, f.streams, f.stream_slowdown = None, self.streams, self.stream_slowdown
+        f.segments, f.now, f.kept_below = segments, self.now, 0
+        inside = (lambda g: True) if focus is None else (lambda g: self._devs(g)[0] in focus)
+        f.net = self.net.copy(focus)
+        f.mem = self.mem.fork(f.gmg, self.now)
+        f._init_core(self.now, list(self._free), self.queue.copy(None if focus is None else inside))
+        f._ver, f.stamp, f._key, f.reads = self._ver, self.stamp, self._key, reads
+        f.out = Outcomes({k: t for k, t in self.tracked.items() if held is None or k in held}, True)
+        if plan is not None:
+            f._running, f.queue, f._heap = dict(plan[0]), plan[3].copy(), list(plan[4])
+        else:
+            runs = self._running if focus is None else {s: r for s, r in self._running.items() if inside(r.group)}
+            f._running = {s: retimed(self, r) for s, r in runs.items()} if retime else dict(runs)
+            f._heap = rebuild_heap(f._running, f.net)
+        segs = self.segs.copy_for(f, focus) if plan is None else self.segs.copy_for(f).restored(plan[1], plan[2])
+        f._init_parts(Timings(self._sh.timing, None), self.res.copy_for(f), self.placement.copy_for(f, held), segs)
+        return f
+
+    def running_state(self) -> tuple:
+        """Running slices, segments, queue and heap: a fork's plan, reused by later forks of one state."""
+        return dict(self._running), list(self.segs.on), self.segs.n, self.queue.copy(), list(self._heap)
+
+    @property
+    def event_key(self) -> tuple:
+        """(time, priority, stable key) of the event last processed."""
+        return self._key[:3]
+
+    def watch(self, on_event: "Callable[[Simulator], None] | None") -> None:
+        """Call `on_event(self)` after every event processed (None: stop)."""
+        self.on_event = on_event
+
+    # ==== queries ======================================================================
+    def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """(times, bytes in use) of one device since the simulator started (needs `record`)."""
+        self.gmg.settle()
+        return self.mem.timeline(device)
+
+    def perfetto(self, ops: bool = True) -> dict:
+        """The recorded timeline as Chrome/Perfetto trace JSON (see trace.py; needs `record`)."""
+        self.gmg.settle()
+        return chrome_trace(self, ops)
+
+    def peak_memory(self) -> np.ndarray:
+        self.gmg.settle()
+        return self.mem.peak()

@@ -31,6 +31,7 @@ import numpy as np
 from slicesched.gmg.graph import SliceState
 from slicesched.decisions import SchedulerDecision, SlicePlacement
 from slicesched.sim.engine import Simulator
+from slicesched.sim.forks import digest, same_state
 from slicesched.sim.prediction import Prediction, RunLog, build_prediction
 
 _NEVER = 1 << 62
@@ -47,10 +48,10 @@ class Incremental:
         self._sim, self._decision, self.horizon_s = sim, decision, horizon_s
         self.t1 = sim.now + horizon_s
         self.every = every
-        base = sim.recording_copy()
+        base = sim.forks.recording_copy()
         self._ckpts: list[tuple[int, Simulator]] = [(base.stamp, base.snapshot())]
         base.apply(decision)
-        base.mark_ready_reads()
+        base.reads.mark_ready(base)
         self._windows: list[tuple[int, list[float]]] = [(base.stamp, base.mem.take_window_peak())]
         self._ckpts.append((base.stamp, base.snapshot()))
         self._keys: list[tuple] = []
@@ -69,9 +70,8 @@ class Incremental:
         """Per slice, the stamp before which its mapping cannot have mattered: a real read's
         stamp, or for a segment's read the first event after the point where per-slice events
         would have read it (reads past the horizon do not count)."""
-        reads, soft = base.read_stamps()
-        first = dict(reads)
-        for x, key in soft.items():
+        first = dict(base.reads.first)
+        for x, key in base.reads.soft.items():
             if key[0] > self.t1:
                 continue
             i = bisect.bisect_right(self._keys, key)
@@ -84,7 +84,7 @@ class Incremental:
         stamp = sim.stamp
         self._keys.append(sim.event_key)
         self._stamps.append(stamp)
-        self._digests.append(sim.digest())
+        self._digests.append(digest(sim))
         self._windows.append((stamp, sim.mem.take_window_peak()))
         if len(self._keys) % self.every == 0:
             self._ckpts.append((stamp, sim.snapshot()))
@@ -122,9 +122,9 @@ class Incremental:
             if i < 0 or self._stamps[i] <= upto:
                 continue
             # a slice once done with its output freed stays so: drop settled ones from the end
-            while unsettled and state[unsettled[-1] & m] == _DONE and not run.holds_output(unsettled[-1]):
+            while unsettled and state[unsettled[-1] & m] == _DONE and unsettled[-1] not in run.placement.outputs:
                 unsettled.pop()
-            if not unsettled and run.same_state(self._digests[i]):
+            if not unsettled and same_state(run, self._digests[i]):
                 after = self._stamps[i]
                 log = self._base.log.spliced(upto, run.log, after)
                 return self._build(log, self._base.tail(), self._peak(upto, run, after))

@@ -26,7 +26,7 @@ Exactness has three conditions, each checked as it arises; when one fails the la
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,7 +130,7 @@ class IterationLane:
         return slice_times(op_dur, first, count, self.now)
 
     def execute(self, decision: SchedulerDecision, until: float = INF,
-                wake: str | Collection[int] = "iteration") -> StepOutcome:
+                wake: str = "iteration") -> StepOutcome:
         """Run until an iteration finishes (every one ending at that instant) or the clock
         reaches `until`; the lane places every iteration itself, so `decision` must place nothing."""
         self.apply(decision)

@@ -61,6 +61,13 @@ class MemoryLedger:
         self.weights = gmg.mem_weights
         self.rest: list[float] = (gmg.mem_kv + gmg.mem_act + gmg.mem_xfer).tolist()
 
+    def set_stamp(self, stamp: int) -> None:
+        """The event the next rows belong to (the simulator's stamp)."""
+        self.stamp = stamp
+
+    def stop_recording(self) -> None:
+        self.record = False
+
     def fork(self, gmg: GlobalMappingGraph, now: float) -> "MemoryLedger":
         """A copy bound to `gmg` (itself a fork of ours) that tracks peaks but keeps no log rows
         (a what-if needs peaks, and logging every chain step would cost more than simulating it)."""

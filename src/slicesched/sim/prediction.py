@@ -12,16 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from slicesched.hardware.cluster import Cluster
 from slicesched.decisions import OOMEvent
 
+if TYPE_CHECKING:
+    from slicesched.sim.network import Flow
+
 # One slice:  (stamp, slice id, group, start, end, iteration key, local, scale, SliceTiming)
 # A chain:    (stamp, first id, group, starts[], ends[], iteration key, first local, scale, SliceTiming)
 SliceRow = tuple
+
+
+def op_times(row: SliceRow) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every op of a recorded slice row (`RunLog.slices`)."""
+    _, _, _, start, _, _, local, scale, timing = row
+    return timing.op_times(local, start, scale)
 
 
 @dataclass(slots=True)
@@ -30,16 +39,34 @@ class RunLog:
 
     slices: list[SliceRow] = field(default_factory=list)
     chains: list[SliceRow] = field(default_factory=list)
-    busy: list[tuple[int, int, float, float]] = field(default_factory=list)  # (stamp, group, start, end)
+    group_busy: list[tuple[int, int, float, float]] = field(default_factory=list)  # (stamp, group, start, end)
     flows: list[tuple] = field(default_factory=list)  # (stamp, key, src, dst, start, end, nbytes)
     iterations: list[tuple[int, int, float]] = field(default_factory=list)  # (stamp, key, end)
     ooms: list[tuple[int, OOMEvent]] = field(default_factory=list)
+
+    def add_slice(self, row: SliceRow) -> None:
+        self.slices.append(row)
+
+    def add_chain(self, row: SliceRow) -> None:
+        self.chains.append(row)
+
+    def add_busy(self, stamp: int, group: int, start: float, end: float) -> None:
+        self.group_busy.append((stamp, group, start, end))
+
+    def add_flow(self, stamp: int, key: tuple, flow: "Flow", end: float) -> None:
+        self.flows.append((stamp, key, flow.src, flow.dst, flow.start, end, flow.nbytes))
+
+    def add_iteration(self, stamp: int, key: int, end: float) -> None:
+        self.iterations.append((stamp, key, end))
+
+    def add_oom(self, stamp: int, oom: OOMEvent) -> None:
+        self.ooms.append((stamp, oom))
 
     def spliced(self, upto: int, middle: "RunLog", after: int) -> "RunLog":
         """Rows of self with stamp <= upto, all of `middle`, rows of self with stamp > after."""
         def cut(a: list, b: list) -> list:
             return [r for r in a if r[0] <= upto] + b + [r for r in a if r[0] > after]
-        return RunLog(cut(self.slices, middle.slices), cut(self.chains, middle.chains), cut(self.busy, middle.busy),
+        return RunLog(cut(self.slices, middle.slices), cut(self.chains, middle.chains), cut(self.group_busy, middle.group_busy),
                       cut(self.flows, middle.flows), cut(self.iterations, middle.iterations),
                       cut(self.ooms, middle.ooms))
 
@@ -82,7 +109,7 @@ class Prediction:
     @cached_property
     def idle(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         r = self._rows
-        busy = [row[1:] for row in r.busy] + [(g, a, b) for _, g, a, b in r.tail]
+        busy = [row[1:] for row in r.group_busy] + [(g, a, b) for _, g, a, b in r.tail]
         return _idle(r.cluster, busy, self.start, self.end)
 
     @cached_property
@@ -116,7 +143,7 @@ class _Rows:
     cluster: Cluster
     slices: list[SliceRow]
     chains: list[SliceRow]
-    busy: list[tuple[int, int, float, float]]
+    group_busy: list[tuple[int, int, float, float]]
     tail: list[tuple[int, int, float, float]]
 
 
@@ -132,7 +159,7 @@ def build_prediction(cluster: Cluster, t0: float, t1: float, live: Mapping[int, 
     for key, tenant in live.items():
         tenants[tenant] = max(tenants.get(tenant, -np.inf), ends[key])
     ooms = tuple(sorted((o for _, o in log.ooms), key=lambda o: (o.time, o.device, o.what, o.tenant)))
-    rows = _Rows(cluster, log.slices[:], log.chains[:], log.busy[:], tail)
+    rows = _Rows(cluster, log.slices[:], log.chains[:], log.group_busy[:], tail)
     return Prediction(t0, t1, MappingProxyType(ends), MappingProxyType(tenants), _ro(np.array(peak, np.float64)), ooms,
                       rows)
 

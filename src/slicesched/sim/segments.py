@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,7 +37,8 @@ from slicesched.sim.timing import SliceTiming
 _SLICE_END = int(Prio.SLICE_END)  # a plain int: heap keys compare it (cheaper than an IntEnum)
 
 if TYPE_CHECKING:
-    from slicesched.sim.engine import Run
+    from slicesched.sim.engine import Simulator
+    from slicesched.sim.state import Run
     from slicesched.sim.iterinfo import IterInfo
 
 
@@ -80,32 +81,50 @@ class Segment:
                        self.co)
 
 
-ALL_GROUPS: frozenset[int] = frozenset()  # `execute(wake="slice")`: every group watched (compared by identity)
+class Segments:
+    """The segments of one simulator: owns which segment guards each device and the events a
+    split hands back to the event loop. A segment's running entry is the simulator's (its
+    `Run.seg`); steps written out go to the GMG, the memory ledger and the rows as per-slice
+    events would have written them."""
 
+    def __init__(self, sim: "Simulator") -> None:
+        self.sim = sim
+        self.on: list[int | None] = [None] * sim.gmg.cluster.num_devices  # device -> key of its segment
+        self.n = 0  # segments in force
+        self.deferred: list[Event] = []  # end events of steps a split turned back into running slices
 
-class SegmentMixin:
-    """Segment creation, splitting and settling for `Simulator` (uses its state directly)."""
+    def copy_for(self, sim: "Simulator", focus: "frozenset[int] | None" = None) -> "Segments":
+        """The same segments for a copy of the simulator (with `focus`, only those on its devices)."""
+        c = Segments(sim)
+        c.on = list(self.on) if focus is None else [k if d in focus else None for d, k in enumerate(self.on)]
+        c.n = self.n if focus is None else sum(1 for r in sim._running.values() if r.seg is not None)
+        return c
 
-    _nseg: int = 0
+    def restored(self, on: list[int | None], n: int) -> "Segments":
+        """These segments as a fork plan recorded them (see `Forks.fork`)."""
+        self.on, self.n = list(on), n
+        return self
+
+    def take_deferred(self) -> list[Event]:
+        d, self.deferred = self.deferred, []
+        return d
 
     # ---- creation ------------------------------------------------------------------------
-    def _try_segment(self: Any, s: int, run: "Run", devs: tuple[int, ...]) -> list[Event]:
+    def try_segment(self, s: int, run: "Run", devs: tuple[int, ...]) -> list[Event]:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, _SLICE_END, s, run.version)]
-        if self._watch is not None and g in self._watch:  # its driver hears of every slice here
-            return plain
-        seg_on = self._seg_on
+        seg_on = self.on
         for d in devs:
             if seg_on[d] is not None:  # another stream's segment guards them
                 return plain
         waiting = []
-        if self._queue:
+        if self.sim.queue.items:
             mine = set(devs)
-            waiting = [q for q in self._queue if not mine.isdisjoint(self._devs(q[2]))]
-            if any(q[2] != g for q in waiting) or (self.streams > 1 and waiting):
+            waiting = [q for q in self.sim.queue.items if not mine.isdisjoint(self.sim._devs(q[2]))]
+            if any(q[2] != g for q in waiting) or (self.sim.streams > 1 and waiting):
                 return plain
-        chains = [Chain(q[3], q[1] - q[3].base, self._timing(q[3], g), q[0], False) for q in waiting]
+        chains = [Chain(q[3], q[1] - q[3].base, self.sim.timings.of(q[3], g), q[0], False) for q in waiting]
         chains.append(Chain(run.info, run.local, run.timing, run.start, True))
         lengths = [self._chain_steps(c, g, devs) for c in chains]
         k = len(chains)
@@ -116,30 +135,29 @@ class SegmentMixin:
         if seg is None:
             return plain
         if waiting:
-            self._queue[:] = [q for q in self._queue if q not in waiting]
+            self.sim.queue.drop_all(waiting)
         return [self._install(s, run, devs, seg)]
 
-    def _install(self: Any, s: int, run: "Run", devs: tuple[int, ...], seg: Segment) -> Event:
+    def _install(self, s: int, run: "Run", devs: tuple[int, ...], seg: Segment) -> Event:
         """Let `seg` stand for running slice s on its devices; its end event."""
-        if self._soft is not None:
-            self._note_soft_reads(seg)
+        if self.sim.reads is not None:
+            self.sim.reads.note_segment(seg)
         key = int(seg.ids[-1])
-        del self._running[s]
         # run._replace(end=..., seg=seg) without its keyword machinery
-        self._running[key] = tuple.__new__(type(run), (*run[:2], float(seg.ends[-1]), *run[3:9], seg))
+        self.sim._rekey_run(s, key, tuple.__new__(type(run), (*run[:2], float(seg.ends[-1]), *run[3:9], seg)))
         for d in devs:
-            self._seg_on[d] = key
-        self._nseg += 1
+            self.on[d] = key
+        self.n += 1
         return (float(seg.ends[-1]), _SLICE_END, key, run.version)
 
-    def _chain_steps(self: Any, c: Chain, g: int, devs: tuple[int, ...]) -> int:
+    def _chain_steps(self, c: Chain, g: int, devs: tuple[int, ...]) -> int:
         """How many steps chain c can take here; every one but the last ends locally."""
         if not self._prev_local(c.info, c.first, g):
             return 1
-        m = self._weights_reach(c.info, c.first, self._group_reach(c.info, c.first, g), g, devs)
+        m = self.sim.res.reach(c.info, c.first, self._group_reach(c.info, c.first, g), g, devs)
         return m - c.first + 1
 
-    def _plan(self: Any, run: "Run", g: int, chains: tuple[Chain, ...], last: int) -> Segment | None:
+    def _plan(self, run: "Run", g: int, chains: tuple[Chain, ...], last: int) -> Segment | None:
         k, n = len(chains), last + 1
         if k == 1:  # one chain: its next n slices, views of the per-iteration arrays
             c = chains[0]
@@ -152,11 +170,11 @@ class SegmentMixin:
             steps = np.empty(2 * last)
             np.negative(free[:last], out=steps[0::2])
             steps[1::2] = alloc[1: last + 1]
-        devs = self._devs(g)
+        devs = self.sim._devs(g)
         # steps 1..N start when the step before ends; until then nothing on these devices can
         # change without splitting the segment, so their slowdown is the one seen right now
-        co = max(self.streams - self._free[d] - 1 for d in devs) if self.streams > 1 else 0
-        scale = self._scale(devs, co)
+        co = max(self.sim.streams - self.sim._free[d] - 1 for d in devs) if self.sim.streams > 1 else 0
+        scale = self.sim._scale(devs, co)
         if scale != 1.0:
             dur = dur * scale
         if not all(c.timing.all_positive for c in chains) and not (dur > 0).all():
@@ -175,115 +193,97 @@ class SegmentMixin:
         return Segment(g, chains, chain_of[cut], ids[cut], starts, ends, free[:last], alloc[1: last + 1],
                        traj[: 2 * last], top[: 2 * last], scale, co)
 
-    def _note_soft_reads(self: Any, seg: Segment) -> None:
-        """A segment relied on the mapping of each step's chain successor; per-slice events would
-        have read it when that step ended, so that is where the read is noted (as a heap key)."""
-        soft = self._soft
-        for n in range(len(seg.ids) - 1):
-            x, key = int(seg.ids[n]) + 1, (float(seg.ends[n]), 0, int(seg.ids[n]))
-            if x not in soft or key < soft[x]:
-                soft[x] = key
-
-    def _prev_local(self: Any, info: "IterInfo", j: int, g: int) -> bool:
+    def _prev_local(self, info: "IterInfo", j: int, g: int) -> bool:
         """Does ending slice j free only things on its own group?"""
         if not info.preds[j]:
             return True
-        return info.chain[j - 1] and int(self.gmg.raw("group")[(info.base + j - 1) & self.gmg.mask]) == g
+        return info.chain[j - 1] and int(self.sim.gmg.raw("group")[(info.base + j - 1) & self.sim.gmg.mask]) == g
 
-    def _group_reach(self: Any, info: "IterInfo", j: int, g: int) -> int:
+    def _group_reach(self, info: "IterInfo", j: int, g: int) -> int:
         """Last slice m >= j such that j+1..m continue j's chain on group g."""
         cap = info.chain_end[j]
         if cap == j:
             return j
-        m = self.gmg.mask
+        m = self.sim.gmg.mask
         lo, hi = (info.base + j + 1) & m, (info.base + cap) & m
-        col = self.gmg.raw("group")
+        col = self.sim.gmg.raw("group")
         groups = col[lo: hi + 1] if lo <= hi else col[np.arange(info.base + j + 1, info.base + cap + 1) & m]
         i = int((groups != g).argmax())  # the first slice elsewhere, or 0 when there is none
         return j + i if groups.item(i) != g else cap
 
-    def _weights_reach(self: Any, info: "IterInfo", j: int, m: int, g: int, devs: tuple[int, ...]) -> int:
-        if self._wok.get((info.tenant, g)) == self._wver or self._wok.get((info.tenant, g, info.blocks)) == self._wver:
-            return m
-        res = self.gmg.resident[info.tenant][:, list(devs)]
-        for i in range(j + 1, m + 1):
-            if not (res[info.wb_lo[i]: info.wb_hi[i] + 1] > 0).all():
-                return i - 1
-        return m
 
-    def _memory_reach(self: Any, last: int, top: np.ndarray, devs: tuple[int, ...]) -> int:
+    def _memory_reach(self, last: int, top: np.ndarray, devs: tuple[int, ...]) -> int:
         """Last step of 0..last whose start allocation fits, given the devices' use right now (all
         devices of the group see the same changes, so the tightest one decides). `top` is the
         running maximum of the use trajectory: the first step whose allocation overflows is the
         first whose running maximum does (allocations are never negative, so the use after each
         free is at most the use after the allocation that follows it)."""
-        mem = self.mem
+        mem = self.sim.mem
         room = min(mem.cap[d] - mem.used(d) for d in devs)
         return min(int(top[1::2].searchsorted(room, side="right")), last)
 
     # ---- splitting -----------------------------------------------------------------------
-    def _touch(self: Any, devs: tuple[int, ...]) -> None:
+    def touch(self, devs: tuple[int, ...]) -> None:
         """Something is about to look at or change these devices: split segments on them."""
-        if self._nseg:
+        if self.n:
             for d in devs:
-                key = self._seg_on[d]
+                key = self.on[d]
                 if key is not None:
-                    self._split(key, self._running[key])
+                    self.split(key, self.sim._running[key])
 
 
-    def _split(self: Any, key: int, run: "Run") -> None:
-        cur = self._materialize(key, run, full=False)
-        self._deferred.append((cur.end, _SLICE_END, cur.info.base + cur.local, cur.version))
+    def split(self, key: int, run: "Run") -> None:
+        cur = self.materialize(key, run, full=False)
+        self.deferred.append((cur.end, _SLICE_END, cur.info.base + cur.local, cur.version))
 
-    def _materialize(self: Any, key: int, run: "Run", full: bool) -> "Run":
+    def materialize(self, key: int, run: "Run", full: bool) -> "Run":
         """Write out the steps that precede the current event (all but the last when `full`, at
         the segment's own end event) and return the step in progress as an ordinary run."""
         seg = run.seg
-        devs = self._devs(seg.group)
-        c = len(seg.ids) - 1 if full else self._steps_before(seg, self._key)
+        devs = self.sim._devs(seg.group)
+        c = len(seg.ids) - 1 if full else self._steps_before(seg, self.sim._key)
         self._write_steps(run, seg, c, devs, requeue=True)
         chain = seg.chains[int(seg.chain_of[c])]
-        self._ver += 1
         scale, co = (seg.scale, seg.co) if c else (run.scale, run.co)
         cur = tuple.__new__(type(run), (run.group, float(seg.starts[c]), float(seg.ends[c]), chain.info,
-                                        int(seg.ids[c]) - chain.info.base, chain.timing, scale, co, self._ver, None))
+                                        int(seg.ids[c]) - chain.info.base, chain.timing, scale, co,
+                                        self.sim._next_version(), None))
         for d in devs:
-            self._seg_on[d] = None
-        self._nseg -= 1
-        del self._running[key]
-        self._running[int(seg.ids[c])] = cur
+            self.on[d] = None
+        self.n -= 1
+        self.sim._rekey_run(key, int(seg.ids[c]), cur)
         return cur
 
-    def _sync_segments(self: Any) -> None:
+    def sync(self) -> None:
         """Write out every step that ended by `now` but keep each segment going with the steps
         left: the GMG is then exact at `now` without planning the segments again."""
-        if not self._nseg:
+        if not self.n:
             return
-        key = (self.now, 3, None)
-        for k, run in list(self._running.items()):
+        key = (self.sim.now, 3, None)
+        for k, run in list(self.sim._running.items()):
             seg = run.seg
             if seg is None:
                 continue
             c = self._steps_before(seg, key)
             if c:
-                chains = self._write_steps(run, seg, c, self._devs(seg.group), requeue=False)
+                chains = self._write_steps(run, seg, c, self.sim._devs(seg.group), requeue=False)
                 # run._replace(start=..., scale=..., co=..., seg=...) without its keyword machinery
-                self._running[k] = tuple.__new__(type(run), (run.group, float(seg.starts[c]), *run[2:6], seg.scale,
-                                                             seg.co, run.version, seg.rest(c, chains)))
+                self.sim._rekey_run(k, k, tuple.__new__(type(run), (run.group, float(seg.starts[c]), *run[2:6],
+                                                                    seg.scale, seg.co, run.version,
+                                                                    seg.rest(c, chains))))
 
-    def _write_steps(self: Any, run: "Run", seg: Segment, c: int, devs: tuple[int, ...],
+    def _write_steps(self, run: "Run", seg: Segment, c: int, devs: tuple[int, ...],
                      requeue: bool) -> tuple[Chain, ...]:
         """Write out steps 0..c-1 (memory, GMG, rows); the chains as they stand after them."""
         if c:
-            if self.mem.record:
+            if self.sim.mem.record:
                 mem = np.diff(seg.traj[: 2 * c], prepend=0.0)
                 nz = mem != 0
-                self.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
+                self.sim.mem.bulk(devs, np.repeat(seg.ends[:c], 2)[nz], mem[nz], ACT)
             else:
                 top = seg.traj[: 2 * c].max() if seg.top is None else seg.top[2 * c - 1]
-                self.mem.shift(devs, float(seg.traj[2 * c - 1]), float(top), ACT)
-            if self.record:
-                self.log.busy.append((self._stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1])))
+                self.sim.mem.shift(devs, float(seg.traj[2 * c - 1]), float(top), ACT)
+            self.sim.out.group_busy(self.sim.stamp, seg.group, float(seg.starts[0]), float(seg.ends[c - 1]))
         return tuple(self._write_chain(run, seg, ci, c, devs, requeue) for ci in range(len(seg.chains)))
 
     @staticmethod
@@ -295,7 +295,7 @@ class SegmentMixin:
             c += 1
         return c
 
-    def _write_chain(self: Any, run: "Run", seg: Segment, ci: int, c: int, devs: tuple[int, ...],
+    def _write_chain(self, run: "Run", seg: Segment, ci: int, c: int, devs: tuple[int, ...],
                      requeue: bool) -> Chain:
         """Write out chain ci's part of steps 0..c-1; its next slice runs (step c) or waits (back in
         the queue when `requeue`, else still held by the segment). Returns the chain from there."""
@@ -306,88 +306,79 @@ class SegmentMixin:
         idx = np.flatnonzero(seg.chain_of[: c + 1] == ci)
         if len(idx) == 0:
             if requeue:
-                self._requeue(chain.since, first, seg.group, info)
+                self.sim.queue.requeue(chain.since, first, seg.group, info)
             return chain
         if not chain.started:
-            self.gmg.start_on(first, float(seg.starts[idx[0]]), devs)
+            self.sim.gmg.start_on(first, float(seg.starts[idx[0]]), devs)
         done = idx[idx < c]
         n = len(done)
         if n:
             starts, ends = seg.starts[done], seg.ends[done]
             tail = chain.first + n - 1
-            self.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
-            if info.preds[chain.first]:
-                self._outputs.pop(first - 1, None)
-            self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
-            self._record_chain(info, chain.timing, seg.group, run.scale, first, starts, ends)
+            self.sim.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
+            self.sim.placement.chain_written(info, first, tail, seg.group)
+            self.sim.out.chain_done(self.sim.stamp, info, chain.timing, seg.group, run.scale, first, starts, ends)
         if idx[-1] == c:
             if n:
-                self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
+                self.sim.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
             return Chain(info, chain.first + n, chain.timing, chain.since, True)
         since = float(seg.ends[done[-1]])
         if requeue:
-            self._requeue(since, first + n, seg.group, info)
+            self.sim.queue.requeue(since, first + n, seg.group, info)
         return Chain(info, chain.first + n, chain.timing, since, False)
 
-    def _write_one(self: Any, run: "Run", seg: Segment, chain: Chain, c: int, devs: tuple[int, ...]) -> Chain:
+    def _write_one(self, run: "Run", seg: Segment, chain: Chain, c: int, devs: tuple[int, ...]) -> Chain:
         if c:
             info = chain.info
             first = info.base + chain.first
             tail = chain.first + c - 1
             starts, ends = seg.starts[:c], seg.ends[:c]
-            self.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
-            if info.preds[chain.first]:
-                self._outputs.pop(first - 1, None)
-            self._outputs[info.base + tail] = (seg.group, info.out[tail], 1)
-            self._record_chain(info, chain.timing, seg.group, run.scale, first, starts, ends)
-            self.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
+            self.sim.gmg.finish_chain(first, starts, ends, devs, info.key, info.gsuccs[tail])
+            self.sim.placement.chain_written(info, first, tail, seg.group)
+            self.sim.out.chain_done(self.sim.stamp, info, chain.timing, seg.group, run.scale, first, starts, ends)
+            self.sim.gmg.start_on(int(seg.ids[c]), float(seg.starts[c]), devs)
         return Chain(chain.info, chain.first + c, chain.timing, chain.since, True)
 
-    def _requeue(self: Any, since: float, s: int, g: int, info: "IterInfo") -> None:
-        self._queue.append((since, s, g, info))
-        self._queue.sort(key=lambda q: (q[0], q[1]))
-
     # ---- whole-simulator ------------------------------------------------------------------
-    def _form_segments(self: Any) -> None:
+    def form(self) -> None:
         """Turn running slices into segments where possible (a fresh fork: saves one event per
         running slice; exact, since the plan starts from the slice's known end). With one stream
         per device, running slices hold disjoint devices and planning one changes nothing another
         reads, so the single-chain ones (the common case) are planned together."""
         lone = []
-        for s in sorted(self._running):
-            run = self._running.get(s)
+        for s in sorted(self.sim._running):
+            run = self.sim._running.get(s)
             if run is None or run.seg is not None:
                 continue
-            devs = self._devs(run.group)
-            if (self.streams > 1 or not run.timing.all_positive or self._waiting_on(devs)
-                    or (self._watch is not None and run.group in self._watch)):
-                self._push(self._try_segment(s, run, devs))
+            devs = self.sim._devs(run.group)
+            if self.sim.streams > 1 or not run.timing.all_positive or self._waiting_on(devs):
+                self.sim._push(self.try_segment(s, run, devs))
                 continue
             chain = Chain(run.info, run.local, run.timing, run.start, True)
             last = self._chain_steps(chain, run.group, devs) - 1  # _step_of(0, n - 1, 1)
-            if last > 0 and not any(self._seg_on[d] is not None for d in devs):
+            if last > 0 and not any(self.on[d] is not None for d in devs):
                 lone.append((s, run, devs, chain, last))
         if lone:
-            self._push([self._install(s, run, devs, seg) for (s, run, devs, _, _), seg
+            self.sim._push([self._install(s, run, devs, seg) for (s, run, devs, _, _), seg
                         in zip(lone, self._plan_lone(lone)) if seg is not None])
 
-    def _waiting_on(self: Any, devs: tuple[int, ...]) -> bool:
+    def _waiting_on(self, devs: tuple[int, ...]) -> bool:
         mine = set(devs)
-        return any(not mine.isdisjoint(self._devs(q[2])) for q in self._queue)
+        return any(not mine.isdisjoint(self.sim._devs(q[2])) for q in self.sim.queue.items)
 
-    def _plan_lone(self: Any, lone: list) -> list[Segment | None]:
+    def _plan_lone(self, lone: list) -> list[Segment | None]:
         """`_plan` for many single-chain segments at once: each row of a 2-D cumulative sum
         adds exactly what the 1-D one adds, in the same order (zero padding after a row's end
         changes nothing before it), so the plans are bit for bit those made one by one."""
         k, width = len(lone), max(x[4] for x in lone)
         dur, steps = np.zeros((k, width + 1)), np.zeros((k, 2 * width))
         scales, rooms = np.ones(k), np.empty(k)
-        mem = self.mem
+        mem = self.sim.mem
         for i, (_, run, devs, c, last) in enumerate(lone):
             j = c.first
             dur[i, 1: last + 1] = c.timing.slice_arr[j + 1: j + last + 1]
             steps[i, : 2 * last] = c.info.steps[2 * j: 2 * (j + last)]
-            scales[i] = self._scale(devs, 0)
+            scales[i] = self.sim._scale(devs, 0)
             rooms[i] = min(mem.cap[d] - mem.used(d) for d in devs)
         if (scales != 1.0).any():
             dur *= scales[:, None]
@@ -407,28 +398,28 @@ class SegmentMixin:
                                traj[i, : 2 * n], top[i, : 2 * n], float(scales[i]), 0) if n else None)
         return out
 
-    def _settle(self: Any, until: float) -> None:
+    def settle(self, until: float) -> None:
         """Split every segment at `until` (end of a run, or before a per-slice `execute`)."""
-        if not self._nseg:
+        if not self.n:
             return
-        self._key = (until, 3, None)
-        for key, run in sorted(self._running.items()):
+        self.sim._at_key((until, 3, None))
+        for key, run in sorted(self.sim._running.items()):
             if run.seg is not None:
-                self._split(key, run)
-        self._push([])
+                self.split(key, run)
+        self.sim._push([])
 
-    def _dissolve_segments(self: Any) -> None:
-        self._settle(self.now)
+    def dissolve(self) -> None:
+        self.settle(self.sim.now)
 
-    def _split_covering(self: Any, lo: int, hi: int) -> None:
+    def split_covering(self, lo: int, hi: int) -> None:
         """Split every segment that relies on the mapping of one of slices lo..hi: its steps, its
         waiting chains, and the slice after each step (which it would queue on its own group).
         One chain's last step is not followed inside the segment (its end event reads what
         follows in the ordinary way), so a run placed right after it, such as the next
         iteration's slices, leaves it whole."""
-        if not self._nseg:
+        if not self.n:
             return
-        for key, run in list(self._running.items()):
+        for key, run in list(self.sim._running.items()):
             seg = run.seg
             if seg is None:
                 continue
@@ -438,22 +429,15 @@ class SegmentMixin:
                 hit = (((seg.ids >= lo - 1) & (seg.ids <= hi)).any()
                        or any(lo <= c.info.base + c.first <= hi for c in seg.chains))
             if hit:
-                self._split(key, run)
+                self.split(key, run)
 
-    def _split_on_groups(self: Any, groups: frozenset[int]) -> None:
-        """Split the segments a per-slice wake would hide (all of them for `ALL_GROUPS`)."""
-        if groups is ALL_GROUPS:
-            self._dissolve_segments()
-            return
-        self._split_on_devices({d for g in groups for d in self._devs(g)})
-
-    def _split_on_devices(self: Any, touched: Collection[int]) -> None:
+    def split_on_devices(self, touched: Collection[int]) -> None:
         """Split, at `now`, every segment running on one of these devices."""
-        self._key = (self.now, 3, None)
-        seg_on = self._seg_on  # the segment on each device: no scan of everything running
+        self.sim._at_key((self.sim.now, 3, None))
+        seg_on = self.on  # the segment on each device: no scan of everything running
         for key in sorted({seg_on[d] for d in touched if seg_on[d] is not None}):
-            self._split(key, self._running[key])
-        self._push([])
+            self.split(key, self.sim._running[key])
+        self.sim._push([])
 
 
 _ZEROS = np.zeros(0, np.int64)

@@ -13,7 +13,7 @@ a numpy scalar read costs several times a list read there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from slicesched.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from slicesched.sim.iterinfo import IterInfo
+    from slicesched.sim.perturbation import Perturbation
 
 _MIN = np.minimum.reduce
 _SUB = np.subtract
@@ -191,24 +192,41 @@ def graph_for_size(graph: IterationGraph, model: ModelSpec, size: int) -> Iterat
     return g
 
 
-class SliceTimingMixin:
-    """A slice's timing on a group for `Simulator`: the cost model's, perturbed in a replay
-    backend (what-if forks re-time from the cost model alone), cached per iteration and group."""
+class Timings:
+    """A slice's timing on a group as one simulator runs it: the cost model's, perturbed in a
+    replay backend (what-if forks re-time from the cost model alone), kept per iteration and
+    group while the iteration lives. Owns the timings in use and the perturbed ones."""
 
-    def _timing(self: Any, info: IterInfo, g: int) -> SliceTiming:
-        t = self._tcache.get((info.key, g))
+    def __init__(self, shared: TimingCache, perturbation: "Perturbation | None") -> None:
+        self.shared = shared
+        self.perturbation = perturbation
+        self.in_use: dict[tuple[int, int], SliceTiming] = {}  # (iteration, group) -> timing in use
+        self.perturbed: dict[tuple[int, Variant], SliceTiming] = {}
+        self.forked = False  # its simulator has handed out a fork (what-ifs read the cost model's sums)
+
+    def mark_forked(self) -> None:
+        self.forked = True
+
+    def of(self, info: IterInfo, g: int) -> SliceTiming:
+        t = self.in_use.get((info.key, g))
         if t is None:
-            t = self._tcache[(info.key, g)] = self._timing_uncached(info, g)
+            t = self.in_use[(info.key, g)] = self._uncached(info, g)
         return t
 
-    def _timing_uncached(self: Any, info: IterInfo, g: int) -> SliceTiming:
-        p, timing = self.perturbation, self._sh.timing
-        if p is None or self._forked:  # what-ifs re-time it from the cost model's slice sums
+    def _uncached(self, info: IterInfo, g: int) -> SliceTiming:
+        p, timing = self.perturbation, self.shared
+        if p is None or self.forked:  # what-ifs re-time it from the cost model's slice sums
             base = timing.get(info.key, info.graph, info.model, g)
             if p is None:
                 return base
         k = (info.key, timing.variant(g))
-        t = self._perturbed.get(k)
+        t = self.perturbed.get(k)
         if t is None:
-            t = self._perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
+            t = self.perturbed[k] = p.perturb(*timing.ops(info.key, info.graph, info.model, g), *k)
         return t
+
+    def forget(self, key: int) -> None:
+        """Drop a finished iteration's timings."""
+        for cache in (self.in_use, self.perturbed):
+            for k in [k for k in cache if k[0] == key]:
+                del cache[k]
