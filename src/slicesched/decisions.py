@@ -73,19 +73,16 @@ class ContainerMove:
 @dataclass(frozen=True, slots=True)
 class GuestStart:
     """Serve overflow of `tenant` on `devices` of other containers: copy its weight shards there
-    (shard i from `src_devices[i]`, a device of the tenant's own replica, or -1: from host
-    memory over the device's PCIe link, sparing the home replica's links) and give it `kv_bytes`
-    per device of KV cache lent by the devices' owners. Its slices then run only where the
-    scheduler places them (in the owners' idle slices)."""
+    from host memory (over each device's PCIe link, sparing the home replica's links) and give it
+    `kv_bytes` per device of KV cache lent by the devices' owners. Its slices then run only where
+    the scheduler places them (in the owners' idle slices)."""
 
     tenant: str
     devices: tuple[int, ...]
-    src_devices: tuple[int, ...]
     kv_bytes: float
 
     def weight_copies(self, num_blocks: int) -> tuple[WeightCopy, ...]:
-        return tuple(WeightCopy(self.tenant, blk, src, dst) for src, dst in zip(self.src_devices, self.devices)
-                     for blk in range(num_blocks))
+        return tuple(WeightCopy(self.tenant, blk, -1, dst) for dst in self.devices for blk in range(num_blocks))
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_it
                        cost=cost, slas=isolated_slas(sc, cost))
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv.loans.start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9), 0.0)
     assert guest is not None and guest.guest
     home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)  # a long prompt queued at home
     assert drv._route(Request(200, "a", 0.0, 512, 8)) is home  # the guest's weights are still in flight
@@ -67,7 +67,7 @@ def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv()
     drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]), cost=cost)
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv.loans.start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9), 0.0)
     reqs = [Request(100 + i, "a", 0.0, 1000, 50) for i in range(2)]
     for r in reqs:
         guest.engine.add_request(r, 0.0)
@@ -99,7 +99,7 @@ def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the
                        cost=cost, slas=slas)
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     owner = next(rs for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv.loans.start_guest(GuestStart("a", owner.replica.devices, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", owner.replica.devices, 10e9), 0.0)
     drv.backend.run()  # the guest's weights land
     home.engine.add_request(Request(100, "a", 0.0, 256, 8), 0.0)  # a short queue at home
     owner.engine.add_request(Request(200, "b", 0.0, 64, 8), 0.0)  # the owner has work
@@ -120,7 +120,7 @@ def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():
     drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]))
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv.loans.start_guest(GuestStart("a", b_devs, home.replica.devices, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9), 0.0)
     drv.backend.run()
     guest.engine.add_request(Request(100, "a", 0.0, 512, 8), 0.0)
     home.engine.add_request(Request(101, "a", 0.0, 512, 8), 0.0)

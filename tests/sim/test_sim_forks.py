@@ -90,3 +90,14 @@ def test_a_focused_fork_given_a_decision_brings_in_the_groups_it_places_on(c: Ca
     inside = sorted(devs)
     np.testing.assert_array_equal(part.peak_memory[inside], whole.peak_memory[inside])
     assert part.ooms == tuple(o for o in whole.ooms if o.device in devs)
+
+
+def test_a_fork_owns_its_records_and_its_collaborators_serve_it_alone() -> None:
+    sim = decode_loop(Perturbation(3), seconds=0.001)
+    f = sim.fork()
+    for part in ("placement", "res", "segs", "timings", "forks", "life", "out", "queue"):
+        assert getattr(f, part) is not getattr(sim, part)
+    for part in (f.placement, f.res, f.segs, f.forks, f.life):
+        assert part.sim is f
+    assert f.placement.outputs is not sim.placement.outputs and f.res.waiting is not sim.res.waiting
+    assert f.segs.on is not sim.segs.on and f.queue.items is not sim.queue.items

@@ -57,15 +57,14 @@ class Loans:
                      for ls in self.leases.values())
 
     def start_guest(self, g: GuestStart, now: float) -> ReplicaState | None:
-        """Borrow KV memory from the devices' owners, copy the tenant's weights there from its own
-        replica (through the simulator: link time and memory are paid), and move waiting requests
-        of the tenant over. Refused (None) if memory cannot be lent or a guest is already there."""
+        """Borrow KV memory from the devices' owners, copy the tenant's weights there from host
+        memory (through the simulator: link time and memory are paid), and move waiting requests
+        of the tenant over. Refused (None) if memory cannot be lent, a guest is already there or
+        the tenant has no replica of its own."""
         devs = tuple(g.devices)
         if any(rs.replica.devices == devs and rs.replica.tenant == g.tenant for rs in self.drv.fleet):
             return None
-        src = tuple(g.src_devices)
-        home = next((rs for rs in self.drv.fleet if rs.replica.tenant == g.tenant and not rs.guest
-                     and (rs.replica.devices == src or all(d < 0 for d in src))), None)
+        home = next((rs for rs in self.drv.fleet if rs.replica.tenant == g.tenant and not rs.guest), None)
         m = self.drv.models[g.tenant]
         weights = block_weight_bytes(m, len(devs))
         lent = self.borrow(devs, float(weights.sum()) + g.kv_bytes)

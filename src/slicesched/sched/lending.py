@@ -287,7 +287,7 @@ class LendingMixin:
             if best is None or key < best[0]:
                 # weights from the host cache: a copy out of the home replica would slow its own
                 # work for as long as it streams (servegen x0.839 seed 1: 11 more violations)
-                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), (-1,) * tp, min(kv, pool)))
+                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool)))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None
         return best[1]
