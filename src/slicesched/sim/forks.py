@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,7 @@ class Forks:
     focus closure it computed, and (in a fork) the focus it holds. Owns those three."""
 
     def __init__(self, sim: "Simulator") -> None:
-        self.sim = sim
+        self.sim = weakref.proxy(sim)  # not a cycle: a fork is freed the moment it is dropped
         self.plan: tuple | None = None  # segments planned for forks, valid while the state is unchanged
         self.reach_memo: tuple | None = None  # the last `reach` (state, seed) and its answer
         self.focus: tuple[frozenset[int], set[int]] | None = None  # a focused fork's devices, iterations

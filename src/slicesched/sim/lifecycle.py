@@ -6,6 +6,7 @@ cancelled and its activations freed), and the KV cache the driver charges and fr
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ class Lifecycle:
     """Ending iterations and charging KV for one `Simulator`."""
 
     def __init__(self, sim: "Simulator") -> None:
-        self.sim = sim
+        self.sim = weakref.proxy(sim)  # not a cycle: a fork is freed the moment it is dropped
 
     def forget(self, key: int) -> None:
         """Drop a finished iteration's cached structure and timings (a long replay would otherwise

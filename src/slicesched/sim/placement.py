@@ -3,6 +3,7 @@ activations held between slices, and the transfers a mapping starts between grou
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ class Placement:
     and the groups each live iteration has been mapped to."""
 
     def __init__(self, sim: "Simulator") -> None:
-        self.sim = sim
+        self.sim = weakref.proxy(sim)  # not a cycle: a fork is freed the moment it is dropped
         self.outputs: dict[int, tuple[int, float, int]] = {}  # slice -> (group, bytes, consumers left)
         # slice -> (inputs still in flight, ((devices, bytes) of each arrived input))
         self.inbound: dict[int, tuple[int, tuple[tuple[tuple[int, ...], float], ...]]] = {}
@@ -126,7 +127,7 @@ class Placement:
     def release(self, s: int, info: IterInfo, j: int, g: int, devs: tuple[int, ...]) -> None:
         """Free what slice s held: intermediates, inputs whose last consumer it was, arrived inputs."""
         own = info.inter[j]
-        outputs = self.outputs
+        outputs, sim = self.outputs, self.sim
         for p in info.preds[j]:
             ps = info.base + p
             out = outputs.get(ps)
@@ -139,16 +140,16 @@ class Placement:
             if out[0] == g:
                 own += out[1]
             else:
-                self.sim._free_mem(self.sim._devs(out[0]), out[1], ACT)
+                sim._free_mem(sim._devs(out[0]), out[1], ACT)
         if s in self.inbound:
             for bdevs, nbytes in self.inbound.pop(s)[1]:
-                self.sim._free_mem(bdevs, nbytes, ACT)
+                sim._free_mem(bdevs, nbytes, ACT)
         if info.succs[j]:
             outputs[s] = (g, info.out[j], len(info.succs[j]))
         else:
             own += info.out[j]
         if own:  # `_free_mem` without the segment check the caller already made
-            self.sim.mem._apply(devs, -own, ACT, self.sim.now)
+            sim.mem._apply(devs, -own, ACT, sim.now)
 
     def free_inbound(self, x: int) -> None:
         """Free the inputs that arrived for x (it stops or is unmapped)."""

@@ -24,6 +24,7 @@ any step whose allocation would fail, so that OOM happens in the ordinary path.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -88,7 +89,7 @@ class Segments:
     events would have written them."""
 
     def __init__(self, sim: "Simulator") -> None:
-        self.sim = sim
+        self.sim = weakref.proxy(sim)  # not a cycle: a fork is freed the moment it is dropped
         self.on: list[int | None] = [None] * sim.gmg.cluster.num_devices  # device -> key of its segment
         self.n = 0  # segments in force
         self.deferred: list[Event] = []  # end events of steps a split turned back into running slices

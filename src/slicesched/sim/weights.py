@@ -10,6 +10,7 @@ invalidated by a version bumped on every residency change.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +34,7 @@ class Residency:
     are the GMG's."""
 
     def __init__(self, sim: "Simulator") -> None:
-        self.sim = sim
+        self.sim = weakref.proxy(sim)  # not a cycle: a fork is freed the moment it is dropped
         self.waiting: dict[tuple[str, int, int], tuple[int, ...]] = {}  # missing block -> waiting slices
         self.version = 0  # bumped on every residency change
         self.complete: dict[tuple, int] = {}  # (tenant, group[, blocks]) -> version when all (those) blocks were there
