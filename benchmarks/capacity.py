@@ -1,14 +1,16 @@
 """Capacity at SLA of every scheduler on every shipped scenario, under a fixed budget.
 
 Prints, per scenario, each scheduler's capacity (rate scale at <= 9% violations, mean over 3
-seeds) with its per-seed spread, the roofline bound, and
-`capacity_ratio_<scenario>: <slicesched capacity / best baseline capacity> x`, so progress can
-be followed from one change to the next. Real-trace scenarios need ../shared (skipped if absent).
+seeds) with the bracket it lies in and its per-seed spread, the roofline bound, the best
+baseline (of every baseline with and without the `+slo` serving rules),
+`capacity_ratio_<scenario>: <slicesched capacity / best baseline capacity> x` and
+`capacity_ratio_vs_dedicated+slo_<scenario>` (what operator-level placement adds alone), so
+progress can be followed from one change to the next. Real-trace scenarios need ../shared
+(skipped if absent).
 
     python benchmarks/capacity.py                  # every scenario, 20 s windows
     python benchmarks/capacity.py hot_cold default # chosen ones
     python benchmarks/capacity.py hot_cold -s dedicated -s slicesched  # chosen schedulers
-    python benchmarks/capacity.py default -s slicesched -s dedicated-slo-aware  # what loans add
 
 The ratio needs `slicesched` and at least one baseline among the schedulers run.
 """
@@ -33,9 +35,9 @@ SCENARIOS = {
     "mooncake_conversation": ROOT / "scenarios/mooncake_conversation.toml",
     "servegen_m_large": ROOT / "scenarios/servegen_m_large.toml",
 }
-SCHEDULERS = ("dedicated", "temporal-mux", "realloc", "slicesched")
-ABLATION = "dedicated-slo-aware"  # dedicated with SliceScheduler's routing and batching: `-s dedicated-slo-aware`
-WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, 5 grid probes + 3 bisections
+SCHEDULERS = ("dedicated", "dedicated+slo", "temporal-mux", "temporal-mux+slo", "realloc", "realloc+slo", "slicesched")
+SAME_RULES = "dedicated+slo"  # SliceScheduler's serving rules, no operator-level placement
+WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, bracketing from x1 + 3 bisections
 JOBS = int(os.environ.get("BENCH_JOBS", "2"))
 
 
@@ -46,14 +48,15 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
     except InputError as e:  # a real-trace scenario without ../shared
         print(f"# {name}: skipped ({e.one_line()})")
         return
-    settings = CapacitySettings(seeds=(sc.seed, sc.seed + 1, sc.seed + 2)).with_range_from(bound)
+    settings = CapacitySettings(seeds=(sc.seed, sc.seed + 1, sc.seed + 2))
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_capacity(sc, schedulers, settings, duration_s=WINDOW_S, jobs=JOBS)
     print(f"roofline_bound_{name}: {bound.scale:.3f} x")
     for s, r in res.items():
         lo, hi = r.spread
-        flag = " (top of range)" if r.censored else ""
+        flag = f" ({r.stopped_by})" if r.stopped_by else ""
         print(f"capacity_{name}_{s}: {r.scale:.3f} x{flag}")
+        print(f"capacity_bracket_{name}_{s}: {r.bracket[0]:.3f}-{r.bracket[1]:.3f} x")
         print(f"capacity_spread_{name}_{s}: {lo:.3f}-{hi:.3f} x")
         print(f"tok_per_s_at_capacity_{name}_{s}: {r.throughput:.0f} tok/s")
         print(f"oom_events_{name}_{s}: {sum(p.ooms for p in r.points)} events")  # every probe, every seed
@@ -64,9 +67,9 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
         ratio = res["slicesched"].scale / best.scale if best.scale > 0 else float("nan")
         print(f"best_baseline_{name}: {best.scheduler}")
         print(f"capacity_ratio_{name}: {ratio:.3f} x")
-    if "slicesched" in res and ABLATION in res and res[ABLATION].scale > 0:
-        # what the loans add over the same serving rules without them
-        print(f"capacity_ratio_vs_{ABLATION}_{name}: {res['slicesched'].scale / res[ABLATION].scale:.3f} x")
+    if "slicesched" in res and SAME_RULES in res and res[SAME_RULES].scale > 0:
+        # what operator-level placement adds over the same serving rules without it
+        print(f"capacity_ratio_vs_{SAME_RULES}_{name}: {res['slicesched'].scale / res[SAME_RULES].scale:.3f} x")
     print(f"capacity_search_wall_{name}: {time.perf_counter() - t0:.1f} s")
     print(f"capacity_search_cpu_parent_{name}: {time.process_time() - c0:.1f} s", flush=True)
 
@@ -74,7 +77,7 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], help="default: all")
-    ap.add_argument("-s", "--scheduler", action="append", help="default: all four")
+    ap.add_argument("-s", "--scheduler", action="append", help="default: all seven")
     args = ap.parse_args(argv)
     for name in args.scenarios or list(SCENARIOS):
         measure(name, SCENARIOS[name], tuple(args.scheduler or SCHEDULERS))

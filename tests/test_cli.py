@@ -80,10 +80,12 @@ def test_replay_capacity_writes_csv_plot_and_prints_the_table(tmp_path, tiny_sce
     assert "capacity at SLA" in r.output and "roofline-bound" in r.output
     df = pd.read_csv(out / "capacity.csv")
     assert {"violation_seed0", "violation_seed1", "violation_mean", "token_goodput"} <= set(df.columns)
-    assert df.rate_scale.min() == 0.5 and df.at_capacity.sum() == 1
+    assert 0.5 <= df.rate_scale.min() and df.rate_scale.max() <= 32 and df.rate_scale.iloc[0] == 1.0
+    assert df.at_capacity.sum() == 1
     assert (out / "capacity.png").stat().st_size > 0
     summary = pd.read_csv(out / "capacity_summary.csv")
     assert list(summary.scheduler) == ["dedicated", "roofline-bound"]
+    assert summary.bracket_low[0] == summary.capacity_scale[0] < summary.bracket_high[0]
 
 
 # ---- one line, exit 2, nothing written: every user-fixable failure --------------------------------------------

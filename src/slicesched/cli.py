@@ -112,7 +112,7 @@ def replay(
                                   help="also search each scheduler's capacity at SLA (<= 9% violations, mean over seeds)"),
     seeds: int = typer.Option(3, min=1, max=100, help="capacity search: samples of the scenario (seed, seed+1, ...)"),
     sla_range: Optional[tuple[float, float]] = typer.Option(
-        None, help="capacity search: rate scales it searches between; default: 1/32 of the roofline bound to it"),
+        None, help="capacity search: the rate scales it may probe (default: x0.001 to x10000, from x1)"),
     plots: bool = typer.Option(True, help="write PNG plots"),
     force: bool = typer.Option(False, "--force", help="replace --out if it holds an earlier replay's output"),
     backend: str = typer.Option("sim", help="sim: the simulator; executor: serve the tenants for real (random-weight "
@@ -178,8 +178,9 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
 def _capacity_settings(seeds: int, sla_range: tuple[float, float] | None):
     from slicesched.replay.capacity import CapacitySettings
 
-    lo, hi = sla_range if sla_range else (None, None)
-    return lambda sc: CapacitySettings(seeds=tuple(range(sc.seed, sc.seed + seeds)), lo=lo, hi=hi)
+    if sla_range:
+        return lambda sc: CapacitySettings.within(*sla_range, seeds=tuple(range(sc.seed, sc.seed + seeds)))
+    return lambda sc: CapacitySettings(seeds=tuple(range(sc.seed, sc.seed + seeds)))
 
 
 def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, capacity, plots, force,

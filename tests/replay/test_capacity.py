@@ -13,31 +13,61 @@ from slicesched.replay.capacity import (CapacityPoint, CapacitySearch, CapacityS
 from slicesched.replay.deployment import build_cluster
 
 
-def point(k: float, violations: tuple[float, ...]) -> CapacityPoint:
+def point(k: float, violations: tuple[float, ...], arrived: tuple[int, ...] = ()) -> CapacityPoint:
     return CapacityPoint(k, tuple(range(len(violations))), violations, 100.0 * k, 90.0 * k,
-                         0.1, 0.2, 0.01, 0.02, 0)
+                         0.1, 0.2, 0.01, 0.02, 0, arrived=arrived)
 
 
-def search(curve, settings: CapacitySettings) -> tuple:
-    """Drive a CapacitySearch with `curve(k) -> per-seed violations`; returns (result, probes)."""
+def search(curve, settings: CapacitySettings = CapacitySettings(refine=6)) -> tuple:
+    """Drive a CapacitySearch with `curve(k) -> per-seed violations` (or `(violations, arrived)`);
+    returns (result, probes in order)."""
     s, probes = CapacitySearch("x", settings), []
     while ks := s.pending():
         probes += ks
-        s.add([point(k, curve(k)) for k in ks])
+        s.add([point(k, *(c if isinstance(c[0], tuple) else (c,))) for k in ks for c in [curve(k)]])
     return s.result(), probes
 
 
-SETTINGS = CapacitySettings(seeds=(0, 1, 2), lo=0.25, hi=16.0, grid=5, refine=6)
+def step(threshold: float):
+    return lambda k: (0.0, 0.05, 0.1) if k <= threshold else (0.2, 0.3, 0.4)
 
 
-def test_search_brackets_the_threshold_of_a_monotone_curve():
-    threshold = 2.9
-    r, probes = search(lambda k: (0.0, 0.05, 0.1) if k <= threshold else (0.2, 0.3, 0.4), SETTINGS)
-    assert r.feasible and not r.censored and not r.non_monotone
-    assert r.scale <= threshold
-    above = min(p.scale for p in r.points if p.scale > r.scale)
-    assert above > threshold and above / r.scale < 1.1  # six halvings of a 2x bracket in log space
-    assert len(probes) == 5 + 6
+@pytest.mark.parametrize("threshold", [0.004, 0.37, 2.9, 700.0])
+def test_the_search_brackets_the_threshold_wherever_it_lies(threshold):
+    r, probes = search(step(threshold))
+    assert r.feasible and not r.censored and not r.stopped_by and not r.non_monotone
+    lo, hi = r.bracket
+    assert lo == r.scale <= threshold < hi and hi / lo < 1.02  # six halvings of a 2x bracket
+    assert probes[0] == 1.0 and len(probes) == len(set(probes))
+    doublings = math.ceil(abs(math.log2(threshold)))  # from x1 to the bracket, one probe a step
+    assert len(probes) <= doublings + 2 + 6
+
+
+def test_only_the_hard_limits_stop_the_search_and_it_says_which():
+    r, probes = search(lambda k: (0.5, 0.5, 0.5))
+    assert not r.feasible and r.scale == 0.0 and min(probes) == 1e-3
+    assert "lower limit" in r.stopped_by
+    r, probes = search(lambda k: (0.0, 0.0, 0.0))
+    assert r.censored and r.scale == 1e4 and "upper limit" in r.stopped_by and r.bracket == (1e4, math.inf)
+
+
+def test_a_probe_where_no_request_arrives_is_neither_a_pass_nor_a_failure():
+    # nothing arrives below x0.1; every probe with requests violates: no capacity can be measured
+    def curve(k):
+        return ((1.0, 1.0), (0, 0)) if k < 0.1 else ((0.5, 0.5), (3, 4))
+
+    r, probes = search(curve)
+    assert not r.feasible and "no request arrives" in r.stopped_by
+    assert min(probes) < 0.1 and r.points[0].informative is False
+    assert math.isnan(r.points[0].mean_violation)
+    # and one that starts empty climbs until requests arrive
+    r, probes = search(lambda k: ((0.0,), (0,)) if k < 8 else ((0.0,), (5,)) if k <= 20 else ((0.5,), (9,)))
+    assert probes[:4] == [1.0, 2.0, 4.0, 8.0] and r.bracket[0] <= 20 < r.bracket[1]
+
+
+def test_a_seed_without_requests_does_not_count_in_the_mean():
+    p = point(1.0, (1.0, 0.02, 0.04), arrived=(0, 5, 7))
+    assert p.informative and p.mean_violation == pytest.approx(0.03) and p.passes(0.09)
 
 
 def test_capacity_uses_the_mean_over_seeds_and_reports_each_seeds_own():
@@ -55,23 +85,16 @@ def test_a_curve_that_falls_back_below_the_bound_is_reported_not_hidden():
     assert r.scale == 2.0  # the largest scale within the bound, dip and all
 
 
-def test_infeasible_and_censored_ends():
-    r, _ = search(lambda k: (0.5, 0.5, 0.5), SETTINGS)
-    assert not r.feasible and r.scale == 0.0 and r.throughput == 0.0
-    r, probes = search(lambda k: (0.0, 0.0, 0.0), SETTINGS)
-    assert r.scale == 16.0 and r.censored and len(probes) == 5  # nothing to bisect
-
-
 def test_best_baseline_leaves_the_candidate_out():
     res = {n: capacity_from_points(n, [point(k, (0.0,))]) for n, k in
            (("slicesched", 8.0), ("dedicated", 2.0), ("temporal-mux", 4.0))}
     assert best_baseline(res).scheduler == "temporal-mux"
 
 
-def test_an_ablation_is_never_the_best_baseline():
+def test_a_baseline_with_the_slo_rules_is_a_baseline_too():
     res = {n: capacity_from_points(n, [point(k, (0.0,))]) for n, k in
-           (("slicesched", 8.0), ("dedicated", 2.0), ("dedicated-slo-aware", 8.0))}
-    assert best_baseline(res).scheduler == "dedicated"
+           (("slicesched", 8.0), ("dedicated", 2.0), ("dedicated+slo", 4.0))}
+    assert best_baseline(res).scheduler == "dedicated+slo"
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +116,13 @@ def test_roofline_bound_fills_the_cluster_peak_flops_over_the_window(tiny):
 
 
 def test_capacity_run_on_a_real_replay_is_below_the_roofline_and_deterministic(tiny):
-    settings = CapacitySettings(seeds=(0, 1), lo=0.5, hi=64.0, grid=3, refine=1)
+    settings = CapacitySettings(seeds=(0, 1), refine=1)
     r = run_capacity(tiny, ["dedicated"], settings)["dedicated"]
     again = run_capacity(tiny, ["dedicated"], settings)["dedicated"]
-    assert r.feasible and 0.5 <= r.scale < roofline_bound(tiny).scale
+    assert r.feasible and r.bracket[0] == r.scale < r.bracket[1] < math.inf
+    assert r.scale < roofline_bound(tiny).scale
     assert [p.violation for p in r.points] == [p.violation for p in again.points]
-    assert len(r.points) == 4 and all(len(p.violation) == 2 for p in r.points)
+    assert all(len(p.violation) == 2 and sum(p.arrived) > 0 for p in r.points)
     ok = [p for p in r.points if p.mean_violation <= 0.09]
     assert max(p.scale for p in ok) == r.scale
 

@@ -167,3 +167,30 @@ def test_dedicated_places_whole_iteration_on_its_home_group():
     h = gmg.add_iteration(build_iteration(m, BatchShape.decode(4, 64), tp=2, tenant="a"), 0.0, home=home)
     d = make_scheduler("dedicated").schedule(gmg, 0.0)
     assert [(p.first_slice, p.group, p.num_slices) for p in d.placements] == [(h.slice_base, home, h.num_slices)]
+
+
+@pytest.mark.parametrize("base", ["dedicated", "temporal-mux", "realloc"])
+def test_a_baseline_with_the_slo_rules_differs_from_it_only_in_routing_batching_and_admission(base):
+    from slicesched.sched.baselines import SLO_RULES
+
+    plain, slo = SCHEDULERS.get(base), SCHEDULERS.get(f"{base}+slo")
+    assert issubclass(slo, plain) and slo.name == f"{base}+slo"
+    own = {k for k in vars(slo) if not k.startswith("_")}  # besides what Python and abc add
+    assert own == {"name", *SLO_RULES}
+    assert all(getattr(slo, k) is v and getattr(plain, k) is not v for k, v in SLO_RULES.items())
+
+
+def test_the_slo_rules_baselines_make_their_bases_placements():
+    mux, mux_slo = (SCHEDULERS.get(n)({"a": "llama-2-7b", "b": "llama-3-8b", "c": "llama-2-13b"}, 80e9)
+                    for n in ("temporal-mux", "temporal-mux+slo"))
+    default = (("a", (0,)), ("b", (1,)), ("c", (2, 3)))
+    assert mux_slo.deployment(default) == mux.deployment(default) == (("a", (0, 1)), ("b", (0, 1)), ("c", (2, 3)))
+    r = _realloc(donor_window_s=3.0)
+    r_slo = SCHEDULERS.get("realloc+slo")(ReallocConfig(interval_s=1.0, donor_window_s=3.0))
+    for s in (r, r_slo):
+        s.attach(_View(COLD_SPARE_HOT))
+    assert _run_checks(r_slo, 5.0) == _run_checks(r, 5.0) != []
+
+
+def test_the_old_name_of_dedicated_with_the_slo_rules_still_works():
+    assert SCHEDULERS.get("dedicated-slo-aware") is SCHEDULERS.get("dedicated+slo")

@@ -3,10 +3,13 @@ several seeds, stays within the bound; and the cluster's roofline bound for the 
 
 Rate scales are prefix-nested (`replay.workload`), so the violation curve of one seed is a
 function of load alone; averaged over S seeds (each a different sample of the scenario) it is
-what the search reads. The search probes a geometric grid, then bisects (geometrically) between
-the largest feasible probe and the next probe above it. It never assumes the curve is monotone:
-it reports every probe, the per-seed capacities, and where the averaged curve falls back after
-rising (`CapacityResult.non_monotone`), instead of hiding it.
+what the search reads. The search brackets first: from the scenario's own rate (x1) it halves
+the scale until the mean violation rate is within the bound, or doubles it until it is not;
+then it bisects the bracket geometrically. Only the hard limits (`HARD_LIMITS`) stop it short,
+and the result then says which. A probe in which no request arrives carries no information: it
+is neither a pass nor a failure (`CapacityPoint.informative`). The search never assumes the
+curve is monotone: it reports every probe, the per-seed capacities, and where the averaged
+curve falls back after rising (`CapacityResult.non_monotone`), instead of hiding it.
 
 `run_capacity` runs all chosen schedulers' searches side by side, every (scheduler, scale, seed)
 replay of one round in parallel (processes, or Ray), so a round costs one wave of replays. A
@@ -30,46 +33,37 @@ from slicesched.models.spec import model_spec
 from slicesched.replay.deployment import build_cluster
 from slicesched.replay.experiment import RunSpec, RunSummary, run_many
 from slicesched.replay.workload import scenario_trace
-from slicesched.sched.baselines import ABLATIONS
 
 MAX_VIOLATION = 0.09
 DIP_TOLERANCE = 0.02
 """A probe whose mean violation is this far below that of a smaller scale marks a non-monotone curve."""
 
 
-AUTO_RANGE = 32.0
-"""Without an explicit range the search covers [bound / AUTO_RANGE, bound], bound being the
-workload's roofline bound: no scheduler can sustain more, and 32x below it is light load."""
+HARD_LIMITS = (1e-3, 1e4)
+"""Rate scales the search never goes beyond: x1/1000 (infeasible below it) and x10,000."""
 
 
 @dataclass(frozen=True, slots=True)
 class CapacitySettings:
-    """How the search spends its replays. One default for every scenario: `lo`/`hi` None take
-    the range from the scenario's roofline bound (`AUTO_RANGE`)."""
+    """How the search spends its replays; one default for every scenario."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    lo: float | None = None
-    hi: float | None = None
-    grid: int = 5  # geometric probes from lo to hi
-    refine: int = 3  # bisection steps after the grid
+    start: float = 1.0  # the first probe: the scenario's own rate
+    refine: int = 3  # geometric bisections of the bracket
     max_violation: float = MAX_VIOLATION
+    limits: tuple[float, float] = HARD_LIMITS  # the search probes only within these
 
     def __post_init__(self) -> None:
-        if (self.lo is None) != (self.hi is None) or (self.lo is not None and not 0 < self.lo < self.hi):
-            raise ValueError(f"need 0 < lo < hi (or neither), got {self.lo} {self.hi}")
-        if not self.seeds or self.grid < 2 or self.refine < 0 or not 0 <= self.max_violation < 1:
-            raise ValueError("need >= 1 seed, grid >= 2, refine >= 0 and 0 <= max_violation < 1")
+        lo, hi = self.limits
+        if not 0 < lo < hi or not lo <= self.start <= hi:
+            raise ValueError(f"need 0 < lo <= start <= hi, got limits {lo} {hi} and start {self.start}")
+        if not self.seeds or self.refine < 0 or not 0 <= self.max_violation < 1:
+            raise ValueError("need >= 1 seed, refine >= 0 and 0 <= max_violation < 1")
 
-    def with_range_from(self, bound: RooflineBound) -> CapacitySettings:
-        """These settings, with the automatic range when none was given."""
-        if self.lo is not None or not (bound.feasible and math.isfinite(bound.scale)):
-            return self if self.lo is not None else replace(self, lo=0.25, hi=16.0)
-        return replace(self, lo=bound.scale / AUTO_RANGE, hi=bound.scale)
-
-    def grid_scales(self) -> list[float]:
-        if self.lo is None:
-            raise ValueError("resolve the range first (with_range_from)")
-        return [float(k) for k in np.geomspace(self.lo, self.hi, self.grid)]
+    @classmethod
+    def within(cls, lo: float, hi: float, **kw: object) -> CapacitySettings:
+        """Settings searching only between lo and hi, from x1 or the nearest end of that range."""
+        return cls(start=min(max(1.0, lo), hi), limits=(lo, hi), **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +81,27 @@ class CapacityPoint:
     tpot_p99: float
     ooms: int
     stopped_early: int = 0  # seeds whose replay ended once it certainly broke the bound (rate: a lower bound)
+    arrived: tuple[int, ...] = ()  # per seed, requests that arrived in the window (empty: not counted)
+
+    @property
+    def informative(self) -> bool:
+        """Did any request arrive? A probe without one is neither a pass nor a failure."""
+        return not self.arrived or any(self.arrived)
+
+    def _seen(self) -> list[float]:
+        return [v for i, v in enumerate(self.violation) if not self.arrived or self.arrived[i] > 0]
 
     @property
     def mean_violation(self) -> float:
-        return float(np.mean(self.violation))
+        """Mean over the seeds in which some request arrived (NaN when none did)."""
+        seen = self._seen()
+        return float(np.mean(seen)) if seen else math.nan
+
+    def passes(self, max_violation: float) -> bool:
+        return self.informative and self.mean_violation <= max_violation
+
+    def fails(self, max_violation: float) -> bool:
+        return self.informative and self.mean_violation > max_violation
 
     @classmethod
     def from_runs(cls, scale: float, runs: Sequence[RunSummary]) -> CapacityPoint:
@@ -103,16 +114,18 @@ class CapacityPoint:
 
         return cls(scale, tuple(r.seed for r in runs), viol, mean("token_throughput"), mean("token_goodput"),
                    mean("ttft_p50"), mean("ttft_p99"), mean("tpot_p50"), mean("tpot_p99"), sum(r.ooms for r in runs),
-                   sum(r.stopped_early for r in runs))
+                   sum(r.stopped_early for r in runs), tuple(int(x.requests) for x in o))
 
 
 @dataclass(frozen=True, slots=True)
 class CapacityResult:
     """Capacity at SLA of one scheduler and every probe that led there.
 
-    `scale` is the largest probed scale whose mean violation is within the bound (0 when even
-    the lowest probe violates: infeasible); `censored` says it is the top of the searched range,
-    so the true capacity may be higher. `seed_scales` are each seed's own largest feasible probe.
+    `scale` is the largest probed scale whose mean violation is within the bound (0 when none
+    is); the capacity lies in `bracket` (that scale, the smallest failing probe above it; inf
+    when none failed). `stopped_by` says why the search ended short of a bracket (a hard limit
+    reached, or no request arriving at low scales); `censored`: feasible at the upper limit, so
+    the true capacity may be higher. `seed_scales` are each seed's own largest feasible probe.
     """
 
     scheduler: str
@@ -122,6 +135,8 @@ class CapacityResult:
     seed_scales: tuple[float, ...]
     non_monotone: tuple[float, ...]  # scales where the averaged curve dips below an earlier peak
     max_violation: float = MAX_VIOLATION
+    bracket: tuple[float, float] = (0.0, math.inf)
+    stopped_by: str = ""
 
     @property
     def feasible(self) -> bool:
@@ -145,62 +160,83 @@ class CapacityResult:
 # ---- the search on one scheduler's curve (pure: no replays) ------------------------------------
 
 class CapacitySearch:
-    """A grid-then-bisect search on an averaged violation curve, driven from outside:
-    `pending()` says which scales to probe next, `add()` takes their points, `result()` answers."""
+    """Bracket, then bisect, on an averaged violation curve, driven from outside: `pending()` says
+    which scale to probe next, `add()` takes its point, `result()` answers."""
 
     def __init__(self, scheduler: str, settings: CapacitySettings) -> None:
         self.scheduler, self.settings = scheduler, settings
         self.points: dict[float, CapacityPoint] = {}
+        self._next: float | None = settings.start
         self._refined = 0
-        self._queue = settings.grid_scales()
+        self.stopped_by = ""
 
     def pending(self) -> list[float]:
         """Scales to probe now (empty when done)."""
-        if not self._queue and self._refined < self.settings.refine:
-            mid = self._next_midpoint()
-            if mid is not None:
-                self._refined += 1
-                self._queue = [mid]
-            else:
-                self._refined = self.settings.refine
-        return [k for k in self._queue if k not in self.points]
+        return [] if self._next is None or self._next in self.points else [self._next]
 
     def add(self, points: Iterable[CapacityPoint]) -> None:
         for p in points:
             self.points[p.scale] = p
-        self._queue = [k for k in self._queue if k not in self.points]
+        self._next = self._step()
 
-    def _ok(self, p: CapacityPoint) -> bool:
-        return p.mean_violation <= self.settings.max_violation
-
-    def _next_midpoint(self) -> float | None:
+    def _step(self) -> float | None:
+        """The next probe: on down or up until the bracket closes, then its geometric midpoint."""
+        m, (lo, hi) = self.settings.max_violation, self.settings.limits
         ks = sorted(self.points)
-        good = [k for k in ks if self._ok(self.points[k])]
-        if not good or good[-1] == ks[-1]:
-            return None  # infeasible at the bottom, or feasible at the top: nothing to bisect
-        above = next(k for k in ks if k > good[-1])
-        return math.sqrt(good[-1] * above)
+        good = [k for k in ks if self.points[k].passes(m)]
+        bad = [k for k in ks if self.points[k].fails(m)]
+        below = max(good, default=None)
+        above = min((k for k in bad if below is None or k > below), default=None)
+        if below is not None and above is not None:  # bracketed: bisect
+            if self._refined >= self.settings.refine:
+                return None
+            self._refined += 1
+            return math.sqrt(below * above)
+        if below is not None:  # feasible so far: double
+            if below >= hi:
+                self.stopped_by = f"feasible at the upper limit x{hi:g}"
+                return None
+            return min(2 * below, hi)
+        empty = [k for k in ks if not self.points[k].informative]
+        if above is None:  # nothing decided yet: no request arrived; more load brings some
+            if max(ks) >= hi:
+                self.stopped_by = f"no request arrives up to x{hi:g}"
+                return None
+            return min(2 * max(ks), hi)
+        if any(k < above for k in empty):  # failing down to a scale where nothing arrives
+            self.stopped_by = (f"violates at x{above:.3g}; below it no request arrives in the window, "
+                               "so lower loads cannot be measured (try a longer window)")
+            return None
+        if above <= lo:
+            self.stopped_by = f"violates even at the lower limit x{lo:g}"
+            return None
+        return max(above / 2, lo)
 
     def result(self) -> CapacityResult:
-        return capacity_from_points(self.scheduler, list(self.points.values()), self.settings.max_violation)
+        r = capacity_from_points(self.scheduler, list(self.points.values()), self.settings.max_violation)
+        return replace(r, stopped_by=self.stopped_by,
+                       censored=r.scale > 0 and self.stopped_by.startswith("feasible at the upper limit"))
 
 
 def capacity_from_points(scheduler: str, points: Sequence[CapacityPoint],
                          max_violation: float = MAX_VIOLATION) -> CapacityResult:
-    """Capacity at SLA from probed points: the largest scale whose mean violation is within the bound."""
+    """Capacity at SLA from probed points: the largest scale whose mean violation is within the
+    bound, and the bracket it lies in."""
     pts = tuple(sorted(points, key=lambda p: p.scale))
-    good = [p.scale for p in pts if p.mean_violation <= max_violation]
+    good = [p.scale for p in pts if p.passes(max_violation)]
     scale = max(good) if good else 0.0
-    censored = bool(pts) and scale == pts[-1].scale
+    above = min((p.scale for p in pts if p.fails(max_violation) and p.scale > scale), default=math.inf)
     seeds = pts[0].seeds if pts else ()
-    seed_scales = tuple(max([p.scale for p in pts if p.violation[i] <= max_violation], default=0.0)
+    seed_scales = tuple(max([p.scale for p in pts if p.violation[i] <= max_violation
+                             and (not p.arrived or p.arrived[i] > 0)], default=0.0)
                         for i in range(len(seeds)))
-    return CapacityResult(scheduler, scale, censored, pts, seed_scales, _dips(pts), max_violation)
+    return CapacityResult(scheduler, scale, bool(good) and math.isinf(above), pts, seed_scales, _dips(pts),
+                          max_violation, (scale, above))
 
 
 def _dips(pts: Sequence[CapacityPoint]) -> tuple[float, ...]:
     peak, out = -math.inf, []
-    for p in pts:
+    for p in (p for p in pts if p.informative):
         if p.mean_violation < peak - DIP_TOLERANCE:
             out.append(p.scale)
         peak = max(peak, p.mean_violation)
@@ -215,8 +251,6 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
                  on_round: Callable[[int], None] | None = None) -> dict[str, CapacityResult]:
     """Capacity at SLA of each scheduler; each round's replays (all schedulers, scales, seeds) run
     in parallel. `on_round(n)` is told how many replays the next round holds."""
-    if settings.lo is None:
-        settings = settings.with_range_from(roofline_bound(sc, duration_s))
     searches = {n: CapacitySearch(n, settings) for n in schedulers}
     # One seed alone above S x the bound puts the mean above it whatever the others do, so such
     # a replay may stop there: the point is decided, and overloaded replays are the slow ones.
@@ -237,9 +271,9 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
 
 
 def best_baseline(results: dict[str, CapacityResult], candidate: str = "slicesched") -> CapacityResult | None:
-    """The baseline with the highest capacity (ties: the higher throughput there); ablations
-    (`sched.baselines.ABLATIONS`) are never one."""
-    base = [r for n, r in results.items() if n != candidate and n not in ABLATIONS]
+    """The baseline with the highest capacity (ties: the higher throughput there), every
+    baseline in both forms (with and without the `+slo` serving rules) counted."""
+    base = [r for n, r in results.items() if n != candidate]
     return max(base, key=lambda r: (r.scale, r.throughput)) if base else None
 
 
@@ -248,7 +282,8 @@ def best_baseline(results: dict[str, CapacityResult], candidate: str = "slicesch
 @dataclass(frozen=True, slots=True)
 class RooflineBound:
     """The cluster's compute roof for the workload: every device pooled at peak FLOP/s, perfect
-    balance and batching, no SLA, no memory limit. No scheduler can sustain a higher scale."""
+    balance and batching, no SLA, no memory limit, over the arrival window. It is printed beside
+    the capacities for scale and never limits the search."""
 
     scale: float
     throughput: float  # offered tokens/s at that scale

@@ -23,6 +23,7 @@ def capacity_frame(results: dict[str, CapacityResult]) -> pd.DataFrame:
                     "token_goodput": p.goodput, "ttft_p50_s": p.ttft_p50, "ttft_p99_s": p.ttft_p99,
                     "tpot_p50_s": p.tpot_p50, "tpot_p99_s": p.tpot_p99, "ooms": p.ooms,
                     "seeds_stopped_early": p.stopped_early,
+                    "requests_arrived": sum(p.arrived), "informative": p.informative,
                     "at_capacity": p.scale == r.scale}
             rows.append(row)
     return pd.DataFrame(rows)
@@ -38,12 +39,14 @@ def capacity_table(results: dict[str, CapacityResult], bound: RooflineBound | No
         ratio = math.nan
         if best is not None and best.scale > 0:
             ratio = r.scale / best.scale
-        rows.append({"scheduler": name, "capacity_scale": r.scale, "censored": r.censored,
+        rows.append({"scheduler": name, "capacity_scale": r.scale, "bracket_low": r.bracket[0],
+                     "bracket_high": r.bracket[1], "censored": r.censored, "stopped_by": r.stopped_by,
                      "token_throughput": r.throughput, "seed_scale_min": lo, "seed_scale_max": hi,
                      "vs_best_baseline": ratio, "non_monotone_at": " ".join(f"{k:.3g}" for k in r.non_monotone),
                      "probes": len(r.points)})
     if bound is not None:
-        rows.append({"scheduler": "roofline-bound", "capacity_scale": bound.scale, "censored": False,
+        rows.append({"scheduler": "roofline-bound", "capacity_scale": bound.scale, "bracket_low": math.nan,
+                     "bracket_high": math.nan, "censored": False, "stopped_by": "",
                      "token_throughput": bound.throughput, "seed_scale_min": math.nan, "seed_scale_max": math.nan,
                      "vs_best_baseline": bound.scale / best.scale if best is not None and best.scale > 0
                      else math.nan, "non_monotone_at": "", "probes": 0})
@@ -55,18 +58,22 @@ def print_capacity(df: pd.DataFrame, title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("scheduler", "capacity (rate scale)", "tok/s at capacity", "seed spread", "vs best baseline",
-                "not monotone at"):
-        t.add_column(col, justify="left" if col == "scheduler" else "right")
+    for col in ("scheduler", "capacity (rate scale)", "bracket", "tok/s at capacity", "seed spread",
+                "vs best baseline", "not monotone at"):
+        t.add_column(col, justify="left" if col == "scheduler" else "right", no_wrap=True)
     for row in df.itertuples():
-        cap = "infeasible" if row.capacity_scale == 0 else f"x{row.capacity_scale:.3g}" + ("+" if row.censored else "")
+        cap = "-" if row.capacity_scale == 0 else f"x{row.capacity_scale:.3g}" + ("+" if row.censored else "")
+        bracket = "" if math.isnan(row.bracket_low) else f"x{row.bracket_low:.3g} - x{row.bracket_high:.3g}"
         spread = "" if math.isnan(row.seed_scale_min) else f"x{row.seed_scale_min:.3g} - x{row.seed_scale_max:.3g}"
         ratio = "" if math.isnan(row.vs_best_baseline) else f"{row.vs_best_baseline:.2f}x"
-        t.add_row(row.scheduler, cap, f"{row.token_throughput:,.0f}", spread, ratio, row.non_monotone_at)
+        t.add_row(row.scheduler, cap, bracket, f"{row.token_throughput:,.0f}", spread, ratio, row.non_monotone_at)
     Console().print(t)
+    for row in df.itertuples():
+        if row.stopped_by:
+            Console().print(f"{row.scheduler}: search stopped: {row.stopped_by}")
     Console().print("capacity: the largest rate scale whose SLA violation rate, averaged over seeds, is <= 9%; "
-                    "'+': the top of the searched range (may be higher); roofline-bound: all devices at peak "
-                    "FLOP/s, no SLA")
+                    "bracket: it and the smallest failing scale above it; '+': still feasible at the search's "
+                    "upper limit; roofline-bound: all devices at peak FLOP/s over the arrival window, no SLA")
 
 
 def write_capacity(folder: Path, results: dict[str, CapacityResult], bound: RooflineBound | None,

@@ -10,6 +10,9 @@ as its published design allows here, with one default configuration for every sc
 - `realloc`: a request-driven autoscaler (Knative / KServe style) that moves whole containers
   from calm or idle tenants to overloaded ones, scales idle tenants to zero and back, and pays
   for each move (drain, weight load from host memory, warm-up) in the driver.
+- `dedicated+slo`, `temporal-mux+slo`, `realloc+slo`: each of the above with the published
+  serving rules any container scheduler can use (`SLO_RULES`): the same placements, differing
+  only in routing, batching and admission.
 
 Settings: `temporal-mux` reads the cluster and SLOs from the scenario; `realloc` reads
 `[schedulers.realloc]` (`config.scenario.ReallocConfig`).
@@ -52,20 +55,26 @@ class DedicatedScheduler(Scheduler):
         return SchedulerDecision(now, home_placements(gmg))
 
 
-@SCHEDULERS.register("dedicated-slo-aware")
-class DedicatedSLOAwareScheduler(DedicatedScheduler):
-    """An ablation, not a published design: `dedicated` with SliceScheduler's serving rules
-    (arrivals routed by predicted TTFT, prefill beside decodes kept within the TPOT SLO) and no
-    loans. SliceScheduler's margin over it is what its operator-level placement adds."""
-
-    name = "dedicated-slo-aware"
-    routing = PredictedTTFT()
-    batching = TPOTBudget()
-    admission = Deadline()  # the most requests within their TTFT SLO first
+SLO_RULES = {"routing": PredictedTTFT(), "batching": TPOTBudget(), "admission": Deadline()}
+"""The state-of-the-art serving rules, published and open to any container scheduler: arrivals
+routed to the replica with the lowest predicted TTFT, stall-free chunked prefill kept within the
+TPOT SLO (Sarathi-Serve), and admission by TTFT deadline (the most requests within their SLO
+first). SliceScheduler serves with them too, so its margin over a `+slo` baseline is what its
+operator-level placement adds."""
 
 
-ABLATIONS = frozenset({"dedicated-slo-aware"})
-"""Registered schedulers that are measurement aids, never the "best baseline" of a comparison."""
+def with_slo_rules(base: type[Scheduler], *aliases: str) -> type[Scheduler]:
+    """Register `<base>+slo`: `base`'s placements with the `SLO_RULES` (and nothing else changed)."""
+    name = f"{base.name}+slo"
+    cls = type(f"{base.__name__}WithSLORules", (base,), {
+        "name": name, **SLO_RULES, "__module__": __name__,
+        "__doc__": f"`{base.name}` with the published serving rules (`SLO_RULES`)."})
+    for n in (name, *aliases):
+        SCHEDULERS.register(n)(cls)
+    return cls
+
+
+DedicatedSLOAwareScheduler = with_slo_rules(DedicatedScheduler, "dedicated-slo-aware")  # the old name, kept
 
 
 Replicas = tuple[tuple[str, tuple[int, ...]], ...]
@@ -378,3 +387,7 @@ class ReallocScheduler(Scheduler):
         if not _tp_ok(model, len(devices)):
             return False
         return float(block_weight_bytes(model_spec(model), len(devices)).sum()) <= (1 - self.cfg.min_kv_frac) * self.usable
+
+
+TemporalMuxSLOScheduler = with_slo_rules(TemporalMuxScheduler)
+ReallocSLOScheduler = with_slo_rules(ReallocScheduler)
