@@ -44,7 +44,7 @@ JOBS = int(os.environ.get("BENCH_JOBS", "2"))
 def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> None:
     try:
         sc = load_scenario(path)
-        bound = roofline_bound(sc, WINDOW_S)
+        bound = roofline_bound(sc, WINDOW_S, (sc.seed, sc.seed + 1, sc.seed + 2))
     except InputError as e:  # a real-trace scenario without ../shared
         print(f"# {name}: skipped ({e.one_line()})")
         return

@@ -14,7 +14,9 @@ also runs, and print wall time, CPU time, peak memory and the simulated serving 
   of `scenarios/servegen_m_large.toml`, cycled), for 10 minutes of traffic.
 
 Each replay runs in a process of its own, so its peak memory (max RSS) is its own.
-Prints `name: value unit` lines. Needs ../shared/traces (or $SLICESCHED_SHARED).
+Prints `name: value unit` lines, among them `<workload>_requests_digest`: a fingerprint of every
+request's served figures, which a change meant to keep behaviour must leave as it was. Needs
+../shared/traces (or $SLICESCHED_SHARED).
 
     python benchmarks/replay.py                      # the two hour-long workloads
     python benchmarks/replay.py llama2_70b --duration 300   # a shorter window of one
@@ -24,12 +26,15 @@ Prints `name: value unit` lines. Needs ../shared/traces (or $SLICESCHED_SHARED).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import resource
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+
+import pandas as pd
 
 from slicesched.config import Scenario, load_scenario
 from slicesched.config.scenario import parse_scenario
@@ -98,6 +103,12 @@ class _Hourly:
             print(f"{self.prefix}_cpu_s_at_{h}h: {time.process_time() - self.c0:.1f} s", flush=True)
 
 
+def requests_digest(requests: "pd.DataFrame") -> str:
+    """A fingerprint of every request's served figures (a refactor that changes none keeps it)."""
+    rows = pd.util.hash_pandas_object(requests.round(9), index=True).to_numpy()
+    return hashlib.sha256(rows.tobytes()).hexdigest()[:16]
+
+
 def replay(name: str, duration_s: float | None) -> int:
     """One workload in this process: its figures, prefixed for the serving ones of the 70B run
     as the issue names them (`ttft_p50_s`, ...), the others' with their own prefix."""
@@ -128,6 +139,7 @@ def replay(name: str, duration_s: float | None) -> int:
     print(f"{prefix}_output_tokens_per_s: {o.output_throughput:.1f} tok/s")
     print(f"{prefix}_token_throughput: {o.token_throughput:.1f} tok/s")
     print(f"{prefix}_simulated_makespan_s: {r.makespan_s:.1f} s")
+    print(f"{prefix}_requests_digest: {requests_digest(r.requests)} sha256")
     if name == "scale_1024":
         print(f"{prefix}_devices: {r.num_devices} devices")
         print(f"{prefix}_tenants: {len(sc.tenants)} tenants")

@@ -245,7 +245,7 @@ def _capacity_search(sc, names: list[str], duration, settings, jobs: int, ray_ad
         results = run_capacity(sc, names, settings, duration_s=duration, jobs=jobs, ray_address=ray_address,
                                on_done=lambda r: bar.advance(task),
                                on_round=lambda n: bar.update(task, total=(bar.tasks[0].total or 0) + n))
-    bound = roofline_bound(sc, duration)
+    bound = roofline_bound(sc, duration, settings.seeds)
     print_capacity(capacity_table(results, bound), f"{title}: capacity at SLA")
     return lambda folder: write_capacity(folder, results, bound, plots)
 

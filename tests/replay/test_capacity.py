@@ -8,8 +8,9 @@ import pytest
 
 from slicesched.config import parse_scenario
 from slicesched.replay.capacity import (CapacityPoint, CapacitySearch, CapacitySettings, best_baseline,
-                                        capacity_from_points, roofline_bound, run_capacity, _workload_flops,
+                                        capacity_from_points, roofline_bound, run_capacity, _least_time,
                                         _flops_coefficients)
+from slicesched.models.spec import model_spec
 from slicesched.replay.deployment import build_cluster
 
 
@@ -106,13 +107,22 @@ def tiny(tiny_scenario_toml):
     return parse_scenario(tomllib.loads(text))
 
 
-def test_roofline_bound_fills_the_cluster_peak_flops_over_the_window(tiny):
+def test_the_roofline_bound_is_the_load_whose_least_work_fills_the_whole_run(tiny):
     b = roofline_bound(tiny)
-    coef = {t.name: _flops_coefficients(t.model) for t in tiny.tenants}
-    flops, tokens = _workload_flops(tiny, b.scale, 3.0, coef)
-    peak = sum(d.peak_flops for d in build_cluster(tiny).device_specs) * 3.0
-    assert flops == pytest.approx(peak, rel=0.1)
+    cluster = build_cluster(tiny)
+    flops_s, bytes_s = (sum(getattr(d, f) for d in cluster.device_specs) for f in ("peak_flops", "mem_bandwidth"))
+    coef = {t.name: (*_flops_coefficients(t.model), float(model_spec(t.model).kv_bytes_per_token()))
+            for t in tiny.tenants}
+    need, tokens = _least_time(tiny, b.scale, 3.0, coef, flops_s, bytes_s, 0.09)
+    assert need == pytest.approx(3.0 + tiny.replay.drain_s, rel=0.1)  # the window and the drain
     assert b.throughput == pytest.approx(tokens / 3.0)
+    shorter = roofline_bound(tiny.model_copy(update={"replay": tiny.replay.model_copy(update={"drain_s": 0.0})}))
+    assert shorter.scale < b.scale
+
+
+def test_the_roofline_bound_takes_the_most_generous_seed(tiny):
+    one, two = roofline_bound(tiny, seeds=(0,)), roofline_bound(tiny, seeds=(1,))
+    assert roofline_bound(tiny, seeds=(0, 1)).scale == max(one.scale, two.scale)
 
 
 def test_capacity_run_on_a_real_replay_is_below_the_roofline_and_deterministic(tiny):

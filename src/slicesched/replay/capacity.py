@@ -31,7 +31,7 @@ from slicesched.config.scenario import Scenario
 from slicesched.gmg import BatchShape, build_iteration
 from slicesched.models.spec import model_spec
 from slicesched.replay.deployment import build_cluster
-from slicesched.replay.experiment import RunSpec, RunSummary, run_many
+from slicesched.replay.experiment import RunSpec, RunSummary, run_many, with_seed
 from slicesched.replay.workload import scenario_trace
 
 MAX_VIOLATION = 0.09
@@ -281,9 +281,8 @@ def best_baseline(results: dict[str, CapacityResult], candidate: str = "slicesch
 
 @dataclass(frozen=True, slots=True)
 class RooflineBound:
-    """The cluster's compute roof for the workload: every device pooled at peak FLOP/s, perfect
-    balance and batching, no SLA, no memory limit, over the arrival window. It is printed beside
-    the capacities for scale and never limits the search."""
+    """An upper bound on every scheduler's capacity at SLA (see `roofline_bound`); `throughput`
+    is the offered load there over the arrival window."""
 
     scale: float
     throughput: float  # offered tokens/s at that scale
@@ -293,26 +292,39 @@ class RooflineBound:
         return self.scale > 0
 
 
-def roofline_bound(sc: Scenario, duration_s: float | None = None, iters: int = 4) -> RooflineBound:
-    """Largest k whose workload's FLOPs fit in the cluster's peak FLOP/s over the window.
+def roofline_bound(sc: Scenario, duration_s: float | None = None, seeds: Sequence[int] | None = None,
+                   max_violation: float = MAX_VIOLATION, iters: int = 6) -> RooflineBound:
+    """The largest rate scale k at which, for some seed, the cheapest (1 - `max_violation`) of
+    the window's requests could be computed within the run (arrival window plus drain) with
+    every device at once at peak FLOP/s and at peak HBM bandwidth: no scheduler sustains more.
 
-    A request of p prompt and o output tokens costs a (p + o) + b (p + o)(p + o - 1) / 2 FLOPs,
-    with a = FLOPs per token at context 0 and b the extra per token of context (attention), both
-    read off the model's op graph; FLOPs grow with k as more requests arrive, so the bound is
-    found as a fixed point (a few regenerations of the workload).
+    A request of p prompt and o output tokens costs a (p + o) + b (p + o)(p + o - 1) / 2 FLOPs
+    (a: FLOPs per token at context 0, b: the extra per token of context, read off the model's op
+    graph) and reads at least its KV cache once per output token, kv (o p + o (o - 1) / 2) bytes.
+    Those requests need at least max(their FLOPs / pooled peak FLOP/s, their bytes / pooled HBM
+    bandwidth) seconds. Work grows with k as more requests arrive, so k is found as a fixed point
+    (a few regenerations of the workload). Weights, batching limits and SLOs only add time.
     """
     window = sc.replay.duration_s if duration_s is None else duration_s
+    horizon = window + sc.replay.drain_s
     cluster = build_cluster(sc)
-    roof = sum(d.peak_flops for d in cluster.device_specs) * window
-    coef = {t.name: _flops_coefficients(t.model) for t in sc.tenants}
-    k = 1.0
-    for _ in range(iters):
-        flops, tokens = _workload_flops(sc, k, window, coef)
-        if flops <= 0:
-            return RooflineBound(math.inf, math.inf)
-        k = k * roof / flops
-    flops, tokens = _workload_flops(sc, k, window, coef)
-    return RooflineBound(k, tokens / window)
+    flops_s = sum(d.peak_flops for d in cluster.device_specs)
+    bytes_s = sum(d.mem_bandwidth for d in cluster.device_specs)
+    coef = {t.name: (*_flops_coefficients(t.model), float(model_spec(t.model).kv_bytes_per_token()))
+            for t in sc.tenants}
+    best = RooflineBound(0.0, 0.0)
+    for seed in seeds if seeds is not None else (sc.seed,):
+        seeded = with_seed(sc, seed)
+        k = 1.0
+        for _ in range(iters):
+            need, _ = _least_time(seeded, k, window, coef, flops_s, bytes_s, max_violation)
+            if need <= 0:
+                return RooflineBound(math.inf, math.inf)
+            k = k * horizon / need
+        _, tokens = _least_time(seeded, k, window, coef, flops_s, bytes_s, max_violation)
+        if k > best.scale:
+            best = RooflineBound(k, tokens / window)
+    return best
 
 
 def _flops_coefficients(model: str) -> tuple[float, float]:
@@ -322,10 +334,17 @@ def _flops_coefficients(model: str) -> tuple[float, float]:
     return f0, (f1 - f0) / 1024
 
 
-def _workload_flops(sc: Scenario, k: float, window: float, coef: dict[str, tuple[float, float]]) -> tuple[float, float]:
+def _least_time(sc: Scenario, k: float, window: float, coef: dict[str, tuple[float, float, float]],
+                flops_s: float, bytes_s: float, max_violation: float) -> tuple[float, float]:
+    """(Seconds the cheapest (1 - max_violation) of the requests need at least, offered tokens)."""
     trace = scenario_trace(sc, k, window)
-    n = (trace.prompt_tokens + trace.output_tokens).astype(np.float64)
-    tenants = np.asarray(trace.tenant, dtype=object)
-    a = np.array([coef[t][0] for t in tenants.tolist()]) if len(n) else np.empty(0)
-    b = np.array([coef[t][1] for t in tenants.tolist()]) if len(n) else np.empty(0)
-    return float((a * n + b * n * (n - 1) / 2).sum()), float(n.sum())
+    p = trace.prompt_tokens.astype(np.float64)
+    o = trace.output_tokens.astype(np.float64)
+    n = p + o
+    tenants = np.asarray(trace.tenant, dtype=object).tolist()
+    a, b, kv = (np.array([coef[t][i] for t in tenants], np.float64) for i in range(3))
+    flops = a * n + b * n * (n - 1) / 2
+    reads = kv * (o * p + o * (o - 1) / 2)
+    keep = len(n) - int(math.floor(max_violation * len(n)))  # requests that must meet their SLO
+    least = max(np.sort(flops)[:keep].sum() / flops_s, np.sort(reads)[:keep].sum() / bytes_s) if keep else 0.0
+    return float(least), float(n.sum())
