@@ -58,6 +58,9 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
         print(f"capacity_{name}_{s}: {r.scale:.3f} x{flag}")
         print(f"capacity_bracket_{name}_{s}: {r.bracket[0]:.3f}-{r.bracket[1]:.3f} x")
         print(f"capacity_spread_{name}_{s}: {lo:.3f}-{hi:.3f} x")
+        if not r.steady:
+            print(f"# {name} {s}: not steady at capacity ({r.at_capacity.drain_share:.0%} of the window's tokens "
+                  f"served after it; a window of {r.steady_window_s():.0f} s would be)")
         print(f"tok_per_s_at_capacity_{name}_{s}: {r.throughput:.0f} tok/s")
         print(f"oom_events_{name}_{s}: {sum(p.ooms for p in r.points)} events")  # every probe, every seed
         if r.non_monotone:

@@ -145,3 +145,13 @@ def test_a_hopeless_replay_stops_early_with_a_violation_rate_above_the_stop(tiny
     assert not full.stopped_early and cut.stopped_early
     assert cut.violation_rate > 0.27 and full.violation_rate > 0.27
     assert cut.makespan_s < 0.75 * full.makespan_s
+
+
+def test_a_capacity_served_mostly_in_the_drain_is_flagged_with_the_window_it_needs():
+    from dataclasses import replace
+
+    pts = [replace(point(1.0, (0.0,)), drain_share=0.2, drain_tail_s=4.0),
+           replace(point(2.0, (0.0,)), drain_share=0.8, drain_tail_s=45.0), point(4.0, (0.5,))]
+    r = capacity_from_points("x", pts)
+    assert r.scale == 2.0 and not r.steady and r.steady_window_s() == 90.0
+    assert capacity_from_points("x", pts[:1] + pts[2:]).steady

@@ -100,6 +100,16 @@ def test_throughput_and_goodput_are_offered_tokens_over_the_arrival_window() -> 
     assert (a.completed, a.rejected, a.unfinished, a.violations) == (3, 1, 0, 2)
 
 
+def test_the_drain_share_counts_the_window_requests_tokens_emitted_after_it() -> None:
+    reqs = [done(0, "a", 0.0, 1.0, 5.0, 100, 5),  # all 5 tokens within the window
+            done(1, "a", 8.0, 9.0, 13.0, 100, 5),  # first at 9, then one a second: 3 of 5 after 10
+            done(2, "a", 9.5, 12.0, 14.0, 100, 10),  # all 10 after the window
+            done(3, "a", 12.0, 12.5, 30.0, 100, 50)]  # arrived after the window: not counted
+    a = summarize(reqs, end_s=40.0, slas={"a": SLA_A}, window_s=10.0).tenant("a")
+    assert a.drain_token_share == pytest.approx((3 + 10) / 20)
+    assert a.drain_tail_s == pytest.approx(4.0)
+
+
 def test_throughput_does_not_depend_on_when_the_run_ended() -> None:
     early = summarize(hand_built(), end_s=END, slas={"a": SLA_A}, window_s=10.0)
     late = summarize(hand_built(), end_s=3 * END, slas={"a": SLA_A}, window_s=10.0)

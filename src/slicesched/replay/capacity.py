@@ -35,6 +35,8 @@ from slicesched.replay.experiment import RunSpec, RunSummary, run_many, with_see
 from slicesched.replay.workload import scenario_trace
 
 MAX_VIOLATION = 0.09
+STEADY_SHARE = 0.5
+"""A capacity is steady when at most this share of the window's output tokens is served after it."""
 DIP_TOLERANCE = 0.02
 """A probe whose mean violation is this far below that of a smaller scale marks a non-monotone curve."""
 
@@ -82,6 +84,8 @@ class CapacityPoint:
     ooms: int
     stopped_early: int = 0  # seeds whose replay ended once it certainly broke the bound (rate: a lower bound)
     arrived: tuple[int, ...] = ()  # per seed, requests that arrived in the window (empty: not counted)
+    drain_share: float = 0.0  # mean over seeds: share of the window's output tokens served after it
+    drain_tail_s: float = 0.0  # most seconds after the window any seed's last token came
 
     @property
     def informative(self) -> bool:
@@ -114,7 +118,8 @@ class CapacityPoint:
 
         return cls(scale, tuple(r.seed for r in runs), viol, mean("token_throughput"), mean("token_goodput"),
                    mean("ttft_p50"), mean("ttft_p99"), mean("tpot_p50"), mean("tpot_p99"), sum(r.ooms for r in runs),
-                   sum(r.stopped_early for r in runs), tuple(int(x.requests) for x in o))
+                   sum(r.stopped_early for r in runs), tuple(int(x.requests) for x in o),
+                   mean("drain_token_share"), max((x.drain_tail_s for x in o), default=0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,18 @@ class CapacityResult:
     def throughput(self) -> float:
         p = self.at_capacity
         return p.throughput if p else 0.0
+
+    @property
+    def steady(self) -> bool:
+        """Was most of the window's work served within the window at capacity? If not, the result
+        says more about the drain than about a sustained load: replay a longer window."""
+        p = self.at_capacity
+        return p is None or p.drain_share <= STEADY_SHARE
+
+    def steady_window_s(self) -> float:
+        """A window long enough that the drain at capacity would be at most half of the run."""
+        p = self.at_capacity
+        return 0.0 if p is None else 2.0 * p.drain_tail_s
 
     @property
     def spread(self) -> tuple[float, float]:

@@ -24,6 +24,7 @@ def capacity_frame(results: dict[str, CapacityResult]) -> pd.DataFrame:
                     "tpot_p50_s": p.tpot_p50, "tpot_p99_s": p.tpot_p99, "ooms": p.ooms,
                     "seeds_stopped_early": p.stopped_early,
                     "requests_arrived": sum(p.arrived), "informative": p.informative,
+                    "drain_token_share": p.drain_share, "drain_tail_s": p.drain_tail_s,
                     "at_capacity": p.scale == r.scale}
             rows.append(row)
     return pd.DataFrame(rows)
@@ -43,13 +44,16 @@ def capacity_table(results: dict[str, CapacityResult], bound: RooflineBound | No
                      "bracket_high": r.bracket[1], "censored": r.censored, "stopped_by": r.stopped_by,
                      "token_throughput": r.throughput, "seed_scale_min": lo, "seed_scale_max": hi,
                      "vs_best_baseline": ratio, "non_monotone_at": " ".join(f"{k:.3g}" for k in r.non_monotone),
-                     "probes": len(r.points)})
+                     "probes": len(r.points), "steady": r.steady,
+                     "drain_token_share": r.at_capacity.drain_share if r.at_capacity else math.nan,
+                     "steady_window_s": r.steady_window_s()})
     if bound is not None:
         rows.append({"scheduler": "roofline-bound", "capacity_scale": bound.scale, "bracket_low": math.nan,
                      "bracket_high": math.nan, "censored": False, "stopped_by": "",
                      "token_throughput": bound.throughput, "seed_scale_min": math.nan, "seed_scale_max": math.nan,
                      "vs_best_baseline": bound.scale / best.scale if best is not None and best.scale > 0
-                     else math.nan, "non_monotone_at": "", "probes": 0})
+                     else math.nan, "non_monotone_at": "", "probes": 0, "steady": True,
+                     "drain_token_share": math.nan, "steady_window_s": 0.0})
     return pd.DataFrame(rows)
 
 
@@ -71,6 +75,10 @@ def print_capacity(df: pd.DataFrame, title: str) -> None:
     for row in df.itertuples():
         if row.stopped_by:
             Console().print(f"{row.scheduler}: search stopped: {row.stopped_by}")
+        if not row.steady:
+            Console().print(f"{row.scheduler}: not steady at capacity: {row.drain_token_share:.0%} of the window's "
+                            f"output tokens were served after it; replay a window of at least "
+                            f"{row.steady_window_s:.0f} s (--duration)")
     Console().print("capacity: the largest rate scale whose SLA violation rate, averaged over seeds, is <= 9%; "
                     "bracket: it and the smallest failing scale above it; '+': still feasible at the search's "
                     "upper limit; roofline-bound: all devices at peak FLOP/s over the arrival window, no SLA")

@@ -105,7 +105,10 @@ class TenantSummary:
     ``output_throughput`` the output tokens alone. Drain time is in no denominator. Latencies in
     seconds (NaN if no sample); ``violation_rate = violations / judged`` (NaN with no SLA or
     nothing judged); ``rejected`` requests were refused at arrival and are among the violations;
-    ``unfinished`` requests were still running when the run ended.
+    ``unfinished`` requests were still running when the run ended. ``drain_token_share``: of the
+    output tokens the window's requests got, the share emitted after the window (each request's
+    tokens after its first taken as evenly spaced up to its last); ``drain_tail_s``: how long
+    after the window its requests' last token came (0 when all were done within it).
     """
 
     tenant: str
@@ -129,6 +132,8 @@ class TenantSummary:
     violations: int
     violation_rate: float
     preemptions: int
+    drain_token_share: float = 0.0
+    drain_tail_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +179,24 @@ def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, de
         float(cols["output_tokens"][arrived].sum()) / window_s,
         *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
         *_percentiles(cols["e2e_s"][done]), judged, violations, violations / judged if judged else math.nan,
-        int(cols["preemptions"][mask].sum()))
+        int(cols["preemptions"][mask].sum()), *_after_window(cols, arrived, window_s))
+
+
+def _after_window(cols: dict[str, np.ndarray], arrived: np.ndarray, window_s: float) -> tuple[float, float]:
+    """(Share of the arrived requests' output tokens emitted after the window, seconds after the
+    window their last token came); see `TenantSummary`."""
+    gen = cols["generated_tokens"][arrived].astype(np.float64)
+    first, last = cols["first_token_s"][arrived], cols["last_token_s"][arrived]
+    started = ~np.isnan(first)
+    if not started.any() or gen.sum() <= 0:
+        return 0.0, 0.0
+    gen, first, last = gen[started], first[started], last[started]
+    span = last - first
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rest = np.where(span > 0, np.clip((last - np.maximum(first, window_s)) / span, 0.0, 1.0),
+                        (first >= window_s).astype(np.float64))
+    after = (first >= window_s) + (gen - 1).clip(min=0) * rest
+    return float(after.sum() / gen.sum()), float(max(0.0, np.nanmax(last) - window_s))
 
 
 def summarize(requests: Iterable[Request], end_s: float, slas: Mapping[str, SLA] | None = None,
