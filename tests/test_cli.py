@@ -386,3 +386,26 @@ def test_a_model_the_executor_cannot_build_is_one_line_exit_2(tmp_path, tiny_sce
     r = subprocess.run([sys.executable, "-m", "slicesched.cli", "replay", str(sc), "--backend", "executor"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == "error: real serving runs llama, mistral, qwen2, qwen3 models, not 'gpt2'"
+
+
+def test_a_negative_seed_is_one_line_naming_the_field(tiny, tiny_scenario_toml):
+    one_line_error(runner.invoke(app, ["validate", str(tiny("seed = -1\n" + tiny_scenario_toml))]), "seed")
+
+
+def test_an_unwritable_out_is_refused_before_any_replay(tiny, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    r = replay(tiny(), "--out", blocker / "o")
+    one_line_error(r, "field '--out'", "cannot write there")
+    assert "replaying" not in r.output and blocker.read_text() == "not a folder"
+
+
+def test_a_scenario_name_never_leads_the_default_output_out_of_runs(tiny, tiny_scenario_toml, tmp_path,
+                                                                     monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    r = replay(tiny(tiny_scenario_toml.replace('name = "tiny"', 'name = "../../escaped"', 1)), "-s", "dedicated")
+    assert r.exit_code == 0, r.output
+    made = [p for p in tmp_path.rglob("summary.csv")]
+    assert made and all((work / "runs") in p.parents for p in made)

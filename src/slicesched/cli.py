@@ -141,6 +141,7 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
     import tempfile
 
     from slicesched.config import load_scenario
+    from slicesched.config.scenario import file_name
     from slicesched.replay.checks import check_out, check_run_options, check_scenario
     from slicesched.replay.experiment import summarize_run
     from slicesched.replay.real import predict, prediction_table, print_prediction, real_setup, scenario_cost, serve
@@ -148,7 +149,7 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
 
     check_run_options(rate_scales=rate_scale, duration_s=duration)
     sc = load_scenario(scenario or builtin_scenario_path())
-    out = out or Path("runs") / f"{sc.name}-real"
+    out = out or Path("runs") / f"{file_name(sc.name)}-real"
     check_out(out, force)
     check_scenario(sc, schedulers=scheduler, rate_scales=rate_scale, duration_s=duration)
     if profile is not None and not profile.is_file():
@@ -188,13 +189,14 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, c
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slicesched.config import load_scenario
+    from slicesched.config.scenario import file_name
     from slicesched.replay.checks import check_out, check_run_options, check_scenario
     from slicesched.replay.experiment import RunSpec, run_many
     from slicesched.replay.report import comparison_table, print_table, write_outputs
 
     check_run_options(rate_scales=rate_scale, duration_s=duration, jobs=jobs, sla_range=sla_range)
     sc = load_scenario(scenario or builtin_scenario_path())
-    out = out or Path("runs") / sc.name
+    out = out or Path("runs") / file_name(sc.name)
     check_out(out, force)
     check_scenario(sc, schedulers=scheduler, rate_scales=rate_scale, duration_s=duration)
     names = list(scheduler or sc.replay.schedulers)

@@ -1,6 +1,8 @@
 import textwrap
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slicesched.config import load_scenario
 from slicesched.errors import InputError
@@ -143,3 +145,21 @@ def test_pp_below_one_is_refused(tmp_path):
 def test_listed_devices_must_cover_every_stage(tmp_path):
     with pytest.raises(InputError, match="lists 2 devices but tp x pp x replicas = 4"):
         load_scenario(write(tmp_path, GOOD.replace("tp = 2", "tp = 2\npp = 2\ndevices = [2, 3]")))
+
+
+@given(st.text(max_size=300))
+def test_a_name_from_a_file_becomes_a_file_name_that_stays_in_its_folder(name):
+    from pathlib import Path
+
+    from slicesched.config.scenario import file_name
+
+    safe = file_name(name)
+    assert 1 <= len(safe) <= 100 and not safe.startswith(".")
+    assert all(c.isascii() and (c.isalnum() or c in "._+-") for c in safe)
+    assert (Path("/runs") / safe).resolve().parent == Path("/runs")
+
+
+def test_a_name_already_safe_is_kept():
+    from slicesched.config.scenario import file_name
+
+    assert file_name("hot-cold_v1.2+slo") == "hot-cold_v1.2+slo" and file_name("..") == "unnamed"

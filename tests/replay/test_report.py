@@ -163,3 +163,24 @@ def test_every_plot_has_a_title_and_labelled_axes_whose_tick_labels_do_not_overl
             boxes = sorted((t.get_window_extent(renderer) for t in shown), key=lambda b: b.x0)
             assert all(a.x1 <= b.x0 + 1 for a, b in zip(boxes, boxes[1:])), (name, [t.get_text() for t in shown])
         assert any(ax.get_xlabel() for ax in fig.axes), name
+
+
+def test_the_comparison_table_keeps_scheduler_names_whole_in_a_narrow_terminal():
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from slicesched.replay.report import print_table
+
+    names = ["dedicated", "temporal-mux+slo", "realloc+slo", "slicesched"]
+    row = {"rate_scale": 1.0, "requests": 10, "completed": 10, "rejected": 0, "unfinished": 0,
+           "token_throughput": 1e4, "output_throughput": 1e3, "ttft_p50": 0.1, "ttft_p99": 0.2, "tpot_p50": 0.01,
+           "tpot_p99": 0.02, "violation_rate": 0.0, "ooms": 0, "moves": 0, "guests": 0, "busy_frac": 0.5,
+           "harvest_share": 0.0, "vs_dedicated": 1.0}
+    df = pd.DataFrame([{"scheduler": n, **row} for n in names])
+    for console in (Console(width=60, file=io.StringIO(), force_terminal=True),  # a narrow terminal
+                    Console(width=60, file=io.StringIO())):  # a log file
+        print_table(df, "t", console)
+        text = console.file.getvalue()
+        assert all(n in text for n in names), text

@@ -33,6 +33,17 @@ MAX_SEQS = 1 << 16  # sequences in one batch
 RateScale = Annotated[float, Field(gt=0, le=MAX_RATE_SCALE)]
 
 
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def file_name(name: str) -> str:
+    """`name` (read from a file) as a safe file name: runs of other characters than letters,
+    digits, '.', '_', '+' and '-' become '_', leading dots go, never empty, at most 100 characters;
+    so it can never climb out of the folder it is joined to."""
+    safe = _UNSAFE.sub("_", name).lstrip(".")[:100]
+    return safe if safe.strip("_") else "unnamed"
+
 class FieldProblem(ValueError):
     """A whole-scenario check that one field is to blame for: reported at that field's line."""
 
@@ -241,8 +252,9 @@ class SchedulersConfig(_Strict):
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
-    seed: int = 0
+    name: str = Field("scenario", min_length=1, max_length=200,
+                      description="scenario name (output folders use `file_name` of it)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of every random draw (workload, noise), >= 0")
     cluster: ClusterConfig = ClusterConfig()
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
     streams: tuple[Stream, ...] = Field(min_length=1)

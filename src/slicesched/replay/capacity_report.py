@@ -62,9 +62,11 @@ def print_capacity(df: pd.DataFrame, title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
+    widest = max((len(str(s)) for s in df["scheduler"]), default=9)
     for col in ("scheduler", "capacity (rate scale)", "bracket", "tok/s at capacity", "seed spread",
-                "vs best baseline", "not monotone at"):
-        t.add_column(col, justify="left" if col == "scheduler" else "right", no_wrap=True)
+                "vs best baseline", "not monotone at"):  # scheduler names whole at any width
+        t.add_column(col, justify="left" if col == "scheduler" else "right", no_wrap=col == "scheduler",
+                     min_width=widest if col == "scheduler" else None)
     for row in df.itertuples():
         cap = "-" if row.capacity_scale == 0 else f"x{row.capacity_scale:.3g}" + ("+" if row.censored else "")
         bracket = "" if math.isnan(row.bracket_low) else f"x{row.bracket_low:.3g} - x{row.bracket_high:.3g}"

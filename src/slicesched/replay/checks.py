@@ -10,6 +10,7 @@ scenario schema applies. Each failure is one `InputError` naming file, line and 
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +166,13 @@ def check_out(out: Path, force: bool) -> None:
     """Refuse an --out that would destroy what this tool did not write (see report.MANIFEST)."""
     from slicesched.replay.report import replaceable
 
-    problem = replaceable(Path(out), force)
+    out = Path(out)
+    problem = replaceable(out, force)
     if problem:
         raise InputError(problem, file=str(out), field="--out")
+    try:  # writable now, not after the whole replay has run
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.probe-"):
+            pass
+    except OSError as e:
+        raise InputError(f"cannot write there ({e.strerror or e})", file=str(out), field="--out") from None

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from slicesched.config.scenario import Scenario
+from slicesched.config.scenario import Scenario, file_name
 from slicesched.cost import CostModel, Profile, make_cost_model
 from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
@@ -63,7 +63,7 @@ def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_
     for i, t in enumerate(sc.tenants):
         given = Path(t.model)
         cfg = served_config(json.loads(given.read_text()) if given.is_file() else shipped_config(t.model), scaled)
-        path = folder / f"{t.name}.json"
+        path = folder / f"{i:02d}-{file_name(t.name)}.json"
         path.write_text(json.dumps(cfg, indent=1))
         configs[t.name], seeds[t.name] = cfg, sc.seed * 1000 + i
         tenants.append(t.model_copy(update={"model": str(path)}))

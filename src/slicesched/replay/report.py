@@ -17,6 +17,7 @@ import shutil
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,9 @@ from slicesched.replay.driver import TRACE_WINDOW_US
 from slicesched.replay.experiment import RunSummary
 from slicesched.serving import idle_intervals
 from slicesched.serving.metrics import DEFAULT_IDLE_EDGES
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 BASELINE = "dedicated"
 MANIFEST = "slicesched-manifest.json"
@@ -77,7 +81,7 @@ def _busy_fraction(r: RunSummary) -> float:
     return total / (r.num_devices * r.makespan_s) if r.makespan_s > 0 else 0.0
 
 
-def print_table(df: pd.DataFrame, title: str) -> None:
+def print_table(df: pd.DataFrame, title: str, console: "Console | None" = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -92,13 +96,15 @@ def print_table(df: pd.DataFrame, title: str) -> None:
              "ttft_p50": "TTFT p50 s", "ttft_p99": "TTFT p99 s", "tpot_p50": "TPOT p50 s", "tpot_p99": "TPOT p99 s",
              "violation_rate": "SLA viol", "busy_frac": "busy", "harvest_share": "harvest",
              "vs_dedicated": "vs dedicated", "rate_scale": "rate x"}
-    for c, _ in cols:
-        t.add_column(names.get(c, c), justify="left" if c == "scheduler" else "right")
+    widest = max((len(str(s)) for s in df["scheduler"]), default=9)
+    for c, _ in cols:  # scheduler names whole at any width: other columns give way
+        t.add_column(names.get(c, c), justify="left" if c == "scheduler" else "right",
+                     no_wrap=c == "scheduler", min_width=widest if c == "scheduler" else None)
     for row in df.itertuples():
         t.add_row(*[_fmt(getattr(row, c), f) for c, f in cols])
-    console = Console()
-    if not console.is_terminal:  # files and pipes: do not squeeze columns to 80 characters
-        console = Console(width=220)
+    console = console or Console()
+    if not console.is_terminal and console.width < 220:  # files and pipes: do not squeeze to 80 characters
+        console = Console(width=220, file=console.file)
     console.print(t)
 
 
