@@ -80,3 +80,15 @@ def test_a_scheduler_that_cannot_serve_stages_is_refused_at_its_place(tiny, tiny
         check_scenario(tiny(text), schedulers=["dedicated", "realloc"])
     assert e.value.field == "--scheduler"
     check_scenario(tiny(text), schedulers=["dedicated", "dedicated-slo-aware"])
+
+
+def test_a_tenant_whose_container_cannot_hold_one_full_context_request_is_named(tiny, tiny_scenario_toml):
+    # llama-2-7b: 13.5 GB of weights and 2.1 GB of KV at its 4,096-token context; 18% of an H100
+    # gives 14.4 GB: the weights fit, one full-context request does not
+    text = (tiny_scenario_toml.replace('name = "a"\nmodel = "qwen2.5-1.5b"', 'name = "a"\nmodel = "llama-2-7b"')
+            .replace("[replay]", "[replay]\ngpu_memory_utilization = 0.18"))
+    with pytest.raises(InputError) as e:
+        check_scenario(tiny(text))
+    assert "tenant 'a'" in e.value.message and "full context" in e.value.message
+    ok = text.replace("gpu_memory_utilization = 0.18", "gpu_memory_utilization = 0.25")
+    check_scenario(tiny(ok))

@@ -108,11 +108,20 @@ def check_tenants(sc: Scenario) -> None:
         if t.pp > m.layers:
             raise scenario_error(sc, ("tenants", i, "pp"), f"{m.name} has {m.layers} layers, fewer than pp={t.pp} stages")
         weights = max(float(w.sum()) for w in stage_weight_bytes(m, t.tp, t.pp))
+        # one request at the model's full context: its KV cache, per device of a stage
+        kv = m.kv_bytes_per_token() * (m.max_context or 0) / (t.tp * t.pp)
+        if weights < budget <= weights + kv:
+            raise scenario_error(
+                sc, ("tenants", i, "tp"),
+                f"tenant '{t.name}': {m.name} needs {weights / 1e9:.1f} GB of weights and {kv / 1e9:.1f} GB of KV "
+                f"cache for one request at its full context ({m.max_context:,} tokens) per device, but a "
+                f"{dev.name} gives {budget / 1e9:.1f} GB (gpu_memory_utilization "
+                f"{sc.replay.gpu_memory_utilization:g}); raise tp or pp or use a larger device")
         if weights >= budget:
             at = f"tp={t.tp}" + (f" x pp={t.pp}" if t.pp > 1 else "")
             raise scenario_error(
                 sc, ("tenants", i, "tp"),
-                f"{m.name} needs {weights / 1e9:.1f} GB of weights per device at {at}, but a "
+                f"tenant '{t.name}': {m.name} needs {weights / 1e9:.1f} GB of weights per device at {at}, but a "
                 f"{dev.name} gives {budget / 1e9:.1f} GB to weights and KV cache (gpu_memory_utilization "
                 f"{sc.replay.gpu_memory_utilization:g}); raise tp or pp or use a larger device")
 
