@@ -215,3 +215,85 @@ def test_a_ticked_trace_is_spread_over_each_tick_and_stays_prefix_nested(shared_
     assert_prefix(spread, 0.5, 2.0)
     again = scenario_trace(spread)
     assert np.array_equal(again.arrival_s, t.arrival_s)  # seeded
+
+
+CURVED = """
+    [cluster]
+    devices_per_node = 2
+    [[tenants]]
+    name = "a"
+    model = "llama-2-7b"
+    [[streams]]
+    source = "synthetic"
+    tenants = ["a"]
+    rate = 2.0
+    prompt_mean = 64
+    output_mean = 8
+    {curve}
+    [replay]
+    duration_s = {duration}
+"""
+
+
+def _counts(trace, edges):
+    return np.histogram(trace.arrival_s, bins=edges)[0]
+
+
+def test_a_diurnal_curve_gives_the_expected_arrivals_per_hour():
+    curve = '[[streams.curve]]\nkind = "diurnal"\nperiod_s = 86400\namplitude = 0.6'
+    t = scenario_trace(scenario(CURVED.format(curve=curve, duration=86400)))
+    hours = np.arange(25) * 3600.0
+    # 2 requests/s x the integral of 1 + 0.6 sin(2 pi t / day) over each hour
+    day = 2 * np.pi / 86400
+    expected = 2.0 * (3600 + 0.6 / day * (np.cos(day * hours[:-1]) - np.cos(day * hours[1:])))
+    got = _counts(t, hours)
+    assert np.all(np.abs(got - expected) < 5 * np.sqrt(expected)), (got, expected.round())
+    assert got[:12].sum() > 1.5 * got[12:].sum()  # the day's busy half is busy
+
+
+FLASH = '[[streams.curve]]\nkind = "flash"\nat_s = 300\nheight = 6\nrise_s = 20\ndecay_s = 40'
+# its multiplier over [310, 340] in closed form: 10 s of the rise (1 + 5 x 0.75 on average), then
+# 20 s of the decay (1 + 5 x (40 / 20)(1 - e^-0.5) on average)
+SURGE_MEAN = (10 * (1 + 5 * 0.75) + 20 * (1 + 5 * 2 * (1 - np.exp(-0.5)))) / 30
+
+
+def test_a_flash_crowd_surges_where_it_was_asked_on_a_synthetic_stream():
+    t = scenario_trace(scenario(CURVED.format(curve=FLASH, duration=600)))
+    before, surge = _counts(t, [200, 260])[0], _counts(t, [310, 340])[0]
+    assert before == pytest.approx(2 * 60, rel=0.35)
+    assert surge == pytest.approx(2 * SURGE_MEAN * 30, rel=0.25) and surge > 3 * before / 2
+
+
+def test_a_flash_crowd_reshapes_a_trace_keeping_every_request(tmp_path):
+    path = tmp_path / "even.csv"
+    rows = "\n".join(f"{i * 0.5},{100 + i},{10}" for i in range(4000))  # one every 0.5 s for 2000 s
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows + "\n")
+    text = f"""
+        [cluster]
+        devices_per_node = 2
+        [[tenants]]
+        name = "a"
+        model = "llama-2-7b"
+        [[streams]]
+        source = "trace"
+        path = "{path}"
+        tenants = ["a"]
+        {FLASH}
+        [replay]
+        duration_s = 600
+    """
+    plain = scenario_trace(scenario(text.replace(FLASH, "")))
+    warped = scenario_trace(scenario(text))
+    assert len(warped) > len(plain)  # more of the trace fits the window
+    n = len(warped)
+    assert np.array_equal(warped.prompt_tokens, 100 + np.arange(n))  # the trace's requests, in order
+    before, surge = _counts(warped, [200, 260])[0], _counts(warped, [310, 340])[0]
+    assert before == pytest.approx(120, abs=2) and surge == pytest.approx(2 * SURGE_MEAN * 30, abs=2)
+
+
+def test_rate_scales_stay_prefix_nested_under_a_curve():
+    sc = scenario(CURVED.format(curve=FLASH, duration=600))
+    one, two = scenario_trace(sc, 1.0), scenario_trace(sc, 2.0)
+    assert len(two) > 1.6 * len(one)
+    assert np.array_equal(two.prompt_tokens[:len(one)], one.prompt_tokens)
+    assert np.array_equal(two.output_tokens[:len(one)], one.output_tokens)

@@ -110,6 +110,51 @@ class TenantConfig(_Strict):
         return self.tp * self.pp
 
 
+class DiurnalCurve(_Strict):
+    """The day's swing: rate x (1 + amplitude sin(2 pi (t - phase_s) / period_s))."""
+
+    kind: Literal["diurnal"]
+    period_s: float = Field(86_400.0, gt=0, le=MAX_DURATION_S, description="seconds of one cycle")
+    amplitude: float = Field(0.5, ge=0, lt=1, description="swing around the mean, a share of it (0 to < 1)")
+    phase_s: float = Field(0.0, ge=-MAX_DURATION_S, le=MAX_DURATION_S, description="seconds the sine is shifted by")
+
+
+class FlashCurve(_Strict):
+    """A flash crowd: from `at_s` the rate rises linearly to `height` x over `rise_s`, then decays
+    exponentially with time constant `decay_s`."""
+
+    kind: Literal["flash"]
+    at_s: float = Field(ge=0, le=MAX_DURATION_S, description="seconds into the replay when the surge starts")
+    height: float = Field(gt=0, le=1000, description="peak rate over the stream's own (e.g. 5: five times)")
+    rise_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="seconds to the peak")
+    decay_s: float = Field(60.0, gt=0, le=MAX_DURATION_S, description="seconds for the surge to fall by 1/e")
+
+
+class PointsCurve(_Strict):
+    """Multipliers at times: `steps` holds each until the next time, `ramp` interpolates linearly;
+    the first holds before the first time and the last after the last."""
+
+    kind: Literal["steps", "ramp"]
+    times_s: tuple[float, ...] = Field(min_length=1, description="seconds into the replay, increasing")
+    multipliers: tuple[float, ...] = Field(min_length=1, description="rate multipliers (> 0), one per time")
+
+    @model_validator(mode="after")
+    def _points(self) -> "PointsCurve":
+        if len(self.times_s) != len(self.multipliers):
+            raise ValueError(f"{len(self.times_s)} times but {len(self.multipliers)} multipliers")
+        if any(not (0 <= t <= MAX_DURATION_S) for t in self.times_s) or any(
+                b <= a for a, b in zip(self.times_s, self.times_s[1:])):
+            raise ValueError(f"times_s must increase, each in [0, {MAX_DURATION_S:g}] seconds")
+        if any(not (0 < m <= 1000) for m in self.multipliers):
+            raise ValueError("multipliers must be > 0 and <= 1000")
+        return self
+
+
+CurvePart = Annotated[Union[DiurnalCurve, FlashCurve, PointsCurve], Field(discriminator="kind")]
+CURVE_FIELD = Field((), description="rate curve over the replay's clock: a product of parts "
+                    "(diurnal, flash, steps, ramp); arrivals are time-warped, no request is dropped")
+
+
 class SyntheticStream(_Strict):
     source: Literal["synthetic"]
     tenants: tuple[str, ...] = Field(description="tenants this stream feeds (split by popularity)")
@@ -121,6 +166,7 @@ class SyntheticStream(_Strict):
     output_sigma: float = Field(1.0, ge=0, le=10)
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0, description="power-law exponent of tenant popularity")
+    curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
 class TraceStream(_Strict):
@@ -133,6 +179,7 @@ class TraceStream(_Strict):
     start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="window start within the trace")
     tick_s: float = Field(0.0, ge=0, description="the trace's timestamps are rounded to this clock tick; "
                           "each request is spread uniformly over its tick (seeded; 0: kept as recorded)")
+    curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
 class ServeGenStream(_Strict):
@@ -144,6 +191,7 @@ class ServeGenStream(_Strict):
     tenants: tuple[str, ...] = Field(description="client i feeds tenant i")
     start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
     rate_scale: float = Field(1.0, gt=0, le=MAX_RATE_SCALE, description="multiply ServeGen rates (production rates are huge)")
+    curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
 Stream = Annotated[Union[SyntheticStream, TraceStream, ServeGenStream], Field(discriminator="source")]

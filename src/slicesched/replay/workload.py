@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from slicesched.config.scenario import Scenario, ServeGenStream, SyntheticStream, TraceStream
+from slicesched.config.scenario import (DiurnalCurve, FlashCurve, Scenario, ServeGenStream, SyntheticStream,
+                                        TraceStream)
 from slicesched.errors import InputError
 from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen_trace, synthetic_trace
+from slicesched.traces.curves import Diurnal, FlashCrowd, Ramp, RateCurve, Steps
 
 
 def scenario_trace(sc: Scenario, rate_scale: float = 1.0, duration_s: float | None = None) -> Trace:
@@ -17,10 +19,37 @@ def scenario_trace(sc: Scenario, rate_scale: float = 1.0, duration_s: float | No
     identical lengths, and a request's lengths never depend on k or on the window.
     """
     duration = sc.replay.duration_s if duration_s is None else duration_s
+    if any(s.curve for s in sc.streams):
+        return _curved(sc, rate_scale, duration)
     span = duration * rate_scale
     parts = [_stream_trace(sc, i, s, span) for i, s in enumerate(sc.streams)]
     merged = parts[0].merge(*parts[1:], name=sc.name) if len(parts) > 1 else parts[0]
     return merged.scale_rate(rate_scale) if rate_scale != 1.0 else merged
+
+
+def rate_curve(stream: SyntheticStream | TraceStream | ServeGenStream) -> RateCurve:
+    """The stream's rate curve (see `traces.curves`)."""
+    parts = []
+    for c in stream.curve:
+        if isinstance(c, DiurnalCurve):
+            parts.append(Diurnal(c.period_s, c.amplitude, c.phase_s))
+        elif isinstance(c, FlashCurve):
+            parts.append(FlashCrowd(c.at_s, c.height, c.rise_s, c.decay_s))
+        else:
+            parts.append((Steps if c.kind == "steps" else Ramp)(c.times_s, c.multipliers))
+    return RateCurve(tuple(parts))
+
+
+def _curved(sc: Scenario, rate_scale: float, duration: float) -> Trace:
+    """Each stream read for k M(D) of its own seconds, compressed by k, then time-warped by its
+    curve (`RateCurve.warp`) and cut to the window: the rate at t is m(t) x k x its own."""
+    parts = []
+    for i, s in enumerate(sc.streams):
+        curve = rate_curve(s)
+        t = _stream_trace(sc, i, s, curve.cumulative(duration) * rate_scale)
+        t = t.scale_rate(rate_scale) if rate_scale != 1.0 else t
+        parts.append(t.time_warp(lambda own: curve.warp(own, duration)).window(0.0, duration))
+    return parts[0].merge(*parts[1:], name=sc.name) if len(parts) > 1 else parts[0]
 
 
 def _stream_trace(sc: Scenario, i: int, s, span: float) -> Trace:

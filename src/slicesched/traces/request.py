@@ -8,7 +8,7 @@ request at a time (``Trace.requests()``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,14 @@ class Trace:
         if not k > 0:
             raise ValueError(f"rate scale must be > 0, got {k}")
         return self._take(slice(None), arrival_s=self.arrival_s / k)
+
+    def time_warp(self, fn: Callable[[np.ndarray], np.ndarray]) -> Trace:
+        """Arrivals moved to ``fn(arrivals)`` (a non-decreasing map, e.g. a rate curve's warp):
+        the same requests in the same order at other times."""
+        moved = np.asarray(fn(self.arrival_s), dtype=np.float64)
+        if len(moved) != len(self) or (len(moved) > 1 and np.any(np.diff(moved) < 0)):
+            raise ValueError("time_warp: the map must keep every arrival and their order")
+        return self._take(slice(None), arrival_s=moved)
 
     def spread_ticks(self, tick_s: float, seed: int | Sequence[int] = 0) -> Trace:
         """Undo timestamps rounded down to a tick: each request's arrival moves by its own
