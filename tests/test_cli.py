@@ -409,3 +409,8 @@ def test_a_scenario_name_never_leads_the_default_output_out_of_runs(tiny, tiny_s
     assert r.exit_code == 0, r.output
     made = [p for p in tmp_path.rglob("summary.csv")]
     assert made and all((work / "runs") in p.parents for p in made)
+
+
+def test_a_batch_tenant_without_a_deadline_is_one_line(tiny, tiny_scenario_toml):
+    p = tiny(tiny_scenario_toml.replace('model = "qwen2.5-1.5b"', 'model = "qwen2.5-1.5b"\nslo_class = "batch"', 1))
+    one_line_error(runner.invoke(app, ["validate", str(p)]), "tenants[0]", "deadline_s")

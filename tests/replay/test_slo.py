@@ -90,3 +90,15 @@ def test_isolated_latency_on_two_stages_adds_the_activation_send():
     assert two.ttft(np.array([900]))[0] == pytest.approx(one.ttft(np.array([900]))[0] + send, rel=1e-12)
     assert two.tpot(np.array([900]))[0] == pytest.approx(
         one.tpot(np.array([900]))[0] + cost.transfer_time(m.hidden * m.dtype_bytes, LINKS["nvlink4"]), rel=1e-12)
+
+
+def test_a_tenants_slo_class_reaches_its_sla_and_the_replay_judges_by_it(sc):
+    text = (SCENARIO.replace('name = "b"\nmodel = "qwen2.5-1.5b"\nttft_slo_s = 0.75',
+                             'name = "b"\nmodel = "qwen2.5-1.5b"\nslo_class = "batch"\ndeadline_s = 0.001')
+            .replace('name = "a"\nmodel = "qwen2.5-1.5b"', 'name = "a"\nmodel = "qwen2.5-1.5b"\nslo_class = "reasoning"'))
+    classed = parse_scenario(tomllib.loads(text))
+    slas = isolated_slas(classed, make_cost_model())
+    assert (slas["a"].slo_class, slas["b"].slo_class, slas["b"].deadline_s) == ("reasoning", "batch", 0.001)
+    r = run_one(classed, RunSpec("dedicated", 1.0))
+    b = r.summary.tenant("b")
+    assert b.judged > 0 and b.violations == b.judged  # nothing finishes within a millisecond

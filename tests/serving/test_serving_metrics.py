@@ -197,3 +197,26 @@ def test_ttft_plan_is_the_deadline_of_the_own_prompt_and_its_prefill_alone() -> 
     assert sla.ttft_plan(2.0, 100) == pytest.approx((2.5, 0.1))
     absolute = SLA(ttft_s=0.3, tpot_s=0.1)  # without an isolated latency the prefill counts 0
     assert absolute.ttft_plan(2.0, 100) == pytest.approx((2.3, 0.0))
+
+
+def test_slo_classes_judge_only_their_objectives() -> None:
+    reasoning = SLA(ttft_s=1.0, tpot_s=0.1, slo_class="reasoning")
+    batch = SLA(ttft_s=1.0, tpot_s=0.1, slo_class="batch", deadline_s=30.0)
+    late_first = done(0, "r", 0.0, 5.0, 5.45, 100, 10)  # TTFT 5 s, TPOT 0.05 s
+    slow_steps = done(1, "r", 0.0, 0.5, 9.5, 100, 10)  # TPOT 1 s
+    assert reasoning.judge(late_first, END) is False and reasoning.judge(slow_steps, END) is True
+    assert SLA_A.judge(late_first, END) is True  # the same request judged as interactive
+    in_time = done(2, "b", 0.0, 20.0, 29.0, 100, 10)  # TTFT 20 s, TPOT 1 s, done at 29 s
+    too_late = done(3, "b", 0.0, 1.0, 31.0, 100, 10)
+    assert batch.judge(in_time, 60.0) is False and batch.judge(too_late, 60.0) is True
+    waiting = open_(4, "b", 0.0)  # nothing yet
+    assert batch.judge(waiting, 29.0) is None and batch.judge(waiting, 30.0) is True
+    s = summarize([late_first, slow_steps, in_time, too_late], end_s=60.0, slas={"r": reasoning, "b": batch})
+    assert (s.tenant("r").violations, s.tenant("b").violations) == (1, 1)
+
+
+def test_a_batch_sla_needs_a_deadline_and_only_a_batch_one_has_one() -> None:
+    with pytest.raises(ValueError, match="deadline"):
+        SLA(ttft_s=1.0, tpot_s=0.1, slo_class="batch")
+    with pytest.raises(ValueError, match="deadline"):
+        SLA(ttft_s=1.0, tpot_s=0.1, deadline_s=5.0)

@@ -93,9 +93,20 @@ class TenantConfig(_Strict):
     ttft_slo_s: float | None = Field(None, gt=0, description="absolute TTFT SLO; default sla_scale x isolated")
     tpot_slo_s: float | None = Field(None, gt=0, description="absolute TPOT SLO; default sla_scale x isolated")
     sla_scale: float = Field(5.0, gt=1, description="SLO as a multiple of the isolated single-request latency")
+    slo_class: Literal["interactive", "reasoning", "batch"] = Field(
+        "interactive", description="what is judged: interactive TTFT and TPOT; reasoning TPOT only; "
+        "batch completion within deadline_s of arrival only")
+    deadline_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
+                                     description="batch: seconds from arrival to the last token")
     max_num_seqs: int = Field(256, ge=1, le=MAX_SEQS, description="most sequences in one batch (vLLM max_num_seqs)")
     max_batch_tokens: int = Field(8192, ge=16, le=MAX_TOKENS, description="token budget of one iteration")
     chunked_prefill: bool = Field(True, description="Sarathi-style chunked prefill within the token budget")
+
+    @model_validator(mode="after")
+    def _batch_has_a_deadline(self) -> "TenantConfig":
+        if (self.slo_class == "batch") != (self.deadline_s is not None):
+            raise ValueError("slo_class = 'batch' needs deadline_s, and only a batch tenant has one")
+        return self
 
     @model_validator(mode="after")
     def _devices_match_tp(self) -> "TenantConfig":

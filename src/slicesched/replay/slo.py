@@ -10,6 +10,8 @@ Latencies are computed exactly per prompt length and memoized (about 0.3 ms per 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from slicesched.config.scenario import Scenario, TenantConfig
@@ -88,5 +90,6 @@ def _stage_links(sc: Scenario, t: TenantConfig, cluster: Cluster) -> tuple[LinkS
 
 def isolated_slas(sc: Scenario, cost: CostModel) -> dict[str, SLA]:
     """Per tenant: its absolute SLOs, or `sla_scale` x each request's isolated latency."""
-    return {t.name: SLA.scaled(tenant_latency(sc, t, cost), t.sla_scale, ttft_s=t.ttft_slo_s, tpot_s=t.tpot_slo_s)
+    return {t.name: replace(SLA.scaled(tenant_latency(sc, t, cost), t.sla_scale, ttft_s=t.ttft_slo_s,
+                                       tpot_s=t.tpot_slo_s), slo_class=t.slo_class, deadline_s=t.deadline_s)
             for t in sc.tenants}

@@ -59,14 +59,13 @@ def _judge(cols: dict[str, np.ndarray], slas: Mapping[str, SLA], end_s: float
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(has_sla, decided, violated) per request; tenants without an SLA are never judged."""
     tenants = cols["tenant"]
-    ttft_slo = np.full(len(tenants), np.nan)
-    tpot_slo = np.full(len(tenants), np.nan)
+    ttft_slo, tpot_slo, e2e_slo = (np.full(len(tenants), np.nan) for _ in range(3))
     for name, sla in slas.items():
         m = tenants == name
-        ttft_slo[m], tpot_slo[m] = sla.ttft_for(cols["prompt_tokens"][m]), sla.tpot_for(cols["prompt_tokens"][m])
+        ttft_slo[m], tpot_slo[m], e2e_slo[m] = sla.judged(cols["prompt_tokens"][m])
     has_sla = ~np.isnan(ttft_slo)
     decided, violated = judge_arrays(cols["arrival_s"], cols["first_token_s"], cols["finish_s"],
-                                     cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s)
+                                     cols["tpot_s"], cols["output_tokens"], ttft_slo, tpot_slo, end_s, e2e_slo)
     rejected = cols["state"] == str(RequestState.REJECTED)
     return has_sla, (decided | rejected) & has_sla, (violated | rejected) & has_sla
 

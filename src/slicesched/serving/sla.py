@@ -52,6 +52,8 @@ class IsolatedLatency(Protocol):
         ...
 
 
+SLO_CLASSES = ("interactive", "reasoning", "batch")
+
 @dataclass(frozen=True, slots=True)
 class SLA:
     """TTFT and TPOT service-level objectives of one tenant, in seconds.
@@ -61,6 +63,8 @@ class SLA:
     prompt is not judged by the deadline of a short one; `ttft_s` / `tpot_s` are then the SLOs of
     a `REFERENCE_PROMPT`-token request, the one figure a scheduler may plan with.
     `scale_ttft` / `scale_tpot` say which of the two objectives follow `isolated`.
+    `slo_class` says which objectives are judged (schedulers still plan with both): interactive
+    TTFT and TPOT; reasoning TPOT only; batch only completion within `deadline_s` of arrival.
     """
 
     ttft_s: float
@@ -69,8 +73,14 @@ class SLA:
     scale: float = DEFAULT_SLA_SCALE
     scale_ttft: bool = False
     scale_tpot: bool = False
+    slo_class: str = "interactive"
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.slo_class not in SLO_CLASSES:
+            raise ValueError(f"SLO class must be one of {', '.join(SLO_CLASSES)}, got {self.slo_class!r}")
+        if (self.slo_class == "batch") != (self.deadline_s is not None and self.deadline_s > 0):
+            raise ValueError("a batch SLA needs a positive deadline_s, and only a batch SLA has one")
         if not (self.ttft_s > 0 and self.tpot_s > 0):
             raise ValueError(f"SLA objectives must be positive, got ttft={self.ttft_s}, tpot={self.tpot_s}")
         if (self.scale_ttft or self.scale_tpot) and self.isolated is None:
@@ -89,6 +99,15 @@ class SLA:
         if not self.scale_tpot:
             return np.full(len(prompt_tokens), self.tpot_s)
         return self.scale * self.isolated.tpot(np.asarray(prompt_tokens, dtype=np.int64))
+
+    def judged(self, prompt_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(TTFT, TPOT, arrival-to-last-token) objectives judged for these prompts (inf: not judged)."""
+        n = len(prompt_tokens)
+        inf = np.full(n, np.inf)
+        if self.slo_class == "batch":
+            return inf, inf, np.full(n, float(self.deadline_s))  # type: ignore[arg-type]
+        ttft = inf if self.slo_class == "reasoning" else self.ttft_for(prompt_tokens)
+        return ttft, self.tpot_for(prompt_tokens), inf
 
     def ttft_plan(self, arrival_s: float, prompt_tokens: int) -> tuple[float, float]:
         """(TTFT deadline, seconds of its prefill alone) of a request: what a deadline-aware
@@ -110,11 +129,11 @@ class SLA:
         """True = violation, False = met, None = undecided at ``end_s`` (see module docstring)."""
         if req.state is RequestState.REJECTED:
             return True
-        prompt = np.array([req.prompt_tokens])
+        ttft, tpot, e2e = self.judged(np.array([req.prompt_tokens]))
         decided, violated = judge_arrays(
             np.array([req.arrival_s]), np.array([_nan(req.first_token_s)]),
             np.array([_nan(req.finish_s)]), np.array([req.tpot_s]),
-            np.array([req.output_tokens]), self.ttft_for(prompt), self.tpot_for(prompt), end_s)
+            np.array([req.output_tokens]), ttft, tpot, end_s, e2e)
         return bool(violated[0]) if decided[0] else None
 
 
@@ -124,10 +143,12 @@ def _nan(x: float | None) -> float:
 
 def judge_arrays(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,
                  tpot_s: np.ndarray, output_tokens: np.ndarray, ttft_slo: float | np.ndarray,
-                 tpot_slo: float | np.ndarray, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+                 tpot_slo: float | np.ndarray, end_s: float,
+                 e2e_slo: float | np.ndarray = np.inf) -> tuple[np.ndarray, np.ndarray]:
     """Vectorized SLA rule: returns (decided, violated) boolean arrays; NaN marks a missing time.
 
-    SLOs may be per-request arrays, so one call can judge a multi-tenant run.
+    SLOs may be per-request arrays, so one call can judge a multi-tenant run; inf: not judged.
+    `e2e_slo`: seconds from arrival to the last token (a batch tenant's deadline).
     """
     finished = ~np.isnan(finish_s)
     has_first = ~np.isnan(first_token_s)
@@ -136,8 +157,10 @@ def judge_arrays(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.
         tpot_late = ~np.isnan(tpot_s) & (tpot_s > tpot_slo)
         no_first_overdue = ~has_first & (end_s - arrival_s >= ttft_slo)
         tpot_overdue = has_first & (end_s - first_token_s >= tpot_slo * (output_tokens - 1))
-    violated_finished = finished & (ttft_late | tpot_late)
-    violated_open = ~finished & (no_first_overdue | ttft_late | tpot_overdue)
+        e2e_late = finish_s - arrival_s > e2e_slo
+        e2e_overdue = end_s - arrival_s >= e2e_slo
+    violated_finished = finished & (ttft_late | tpot_late | e2e_late)
+    violated_open = ~finished & (no_first_overdue | ttft_late | tpot_overdue | e2e_overdue)
     violated = violated_finished | violated_open
     decided = finished | violated
     return decided, violated
