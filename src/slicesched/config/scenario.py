@@ -58,7 +58,7 @@ class _Strict(BaseModel):
 
 class ClusterConfig(_Strict):
     device: str = Field("H100-80GB", description=f"device type, one of {', '.join(DEVICES)}")
-    nodes: int = Field(1, ge=1, description="number of servers")
+    nodes: int = Field(1, ge=1, le=4096, description="number of servers")
     devices_per_node: int = Field(8, ge=1, le=64, description="devices in each server")
     intra_link: str = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
     inter_link: str = Field("ib-ndr", description="network between servers")
@@ -90,9 +90,11 @@ class TenantConfig(_Strict):
     replicas: int = Field(1, ge=1, le=64, description="data-parallel replicas (containers) of the model")
     devices: tuple[int, ...] | None = Field(None, description="devices of all replicas (tp x pp x replicas); "
                                             "default: packed in order")
-    ttft_slo_s: float | None = Field(None, gt=0, description="absolute TTFT SLO; default sla_scale x isolated")
-    tpot_slo_s: float | None = Field(None, gt=0, description="absolute TPOT SLO; default sla_scale x isolated")
-    sla_scale: float = Field(5.0, gt=1, description="SLO as a multiple of the isolated single-request latency")
+    ttft_slo_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
+                                     description="absolute TTFT SLO; default sla_scale x isolated")
+    tpot_slo_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
+                                     description="absolute TPOT SLO; default sla_scale x isolated")
+    sla_scale: float = Field(5.0, gt=1, le=1000, description="SLO as a multiple of the isolated single-request latency")
     slo_class: Literal["interactive", "reasoning", "batch"] = Field(
         "interactive", description="what is judged: interactive TTFT and TPOT; reasoning TPOT only; "
         "batch completion within deadline_s of arrival only")
@@ -171,12 +173,12 @@ class SyntheticStream(_Strict):
     tenants: tuple[str, ...] = Field(description="tenants this stream feeds (split by popularity)")
     rate: float = Field(gt=0, le=MAX_RATE, description="mean requests per second")
     cv: float = Field(1.0, gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival gaps (1 = Poisson)")
-    prompt_mean: float = Field(1024.0, gt=0, le=MAX_TOKENS)
-    prompt_sigma: float = Field(1.0, ge=0, le=10)
-    output_mean: float = Field(256.0, gt=0, le=MAX_TOKENS)
-    output_sigma: float = Field(1.0, ge=0, le=10)
+    prompt_mean: float = Field(1024.0, gt=0, le=MAX_TOKENS, description="mean prompt length, tokens")
+    prompt_sigma: float = Field(1.0, ge=0, le=10, description="log-normal shape of prompt lengths (0: all the mean)")
+    output_mean: float = Field(256.0, gt=0, le=MAX_TOKENS, description="mean output length, tokens")
+    output_sigma: float = Field(1.0, ge=0, le=10, description="log-normal shape of output lengths (0: all the mean)")
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
-    alpha: float = Field(1.0, ge=0, description="power-law exponent of tenant popularity")
+    alpha: float = Field(1.0, ge=0, le=10, description="power-law exponent of tenant popularity")
     curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
@@ -186,9 +188,10 @@ class TraceStream(_Strict):
     format: str | None = Field(None, description="azure | mooncake | burstgpt | csv (default: sniffed)")
     tenants: tuple[str, ...]
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
-    alpha: float = Field(1.0, ge=0)
+    alpha: float = Field(1.0, ge=0, le=10, description="power-law exponent of tenant popularity")
     start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="window start within the trace")
-    tick_s: float = Field(0.0, ge=0, description="the trace's timestamps are rounded to this clock tick; "
+    tick_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
+                          description="the trace's timestamps are rounded to this clock tick; "
                           "each request is spread uniformly over its tick (seeded; 0: kept as recorded)")
     curve: tuple[CurvePart, ...] = CURVE_FIELD
 
@@ -200,8 +203,10 @@ class ServeGenStream(_Strict):
     model: str = "m-large"
     clients: tuple[int, ...] | None = Field(None, description="client ids; default: the busiest len(tenants)")
     tenants: tuple[str, ...] = Field(description="client i feeds tenant i")
-    start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
-    rate_scale: float = Field(1.0, gt=0, le=MAX_RATE_SCALE, description="multiply ServeGen rates (production rates are huge)")
+    start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
+                           description="seconds into the ServeGen day where the window starts")
+    rate_scale: float = Field(1.0, gt=0, le=MAX_RATE_SCALE,
+                              description="multiply ServeGen rates (production rates are huge)")
     curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
@@ -211,10 +216,12 @@ Stream = Annotated[Union[SyntheticStream, TraceStream, ServeGenStream], Field(di
 class ReplayConfig(_Strict):
     schedulers: tuple[str, ...] = Field(("dedicated", "temporal-mux", "realloc"), description="schedulers to compare")
     duration_s: float = Field(60.0, gt=0, le=MAX_DURATION_S, description="simulated seconds of arrivals to replay")
-    rate_scales: tuple[RateScale, ...] = Field((1.0,), min_length=1, description="time compressions of the workload to run")
+    rate_scales: tuple[RateScale, ...] = Field((1.0,), min_length=1,
+                                               description="time compressions of the workload to run")
     grain: Literal["op", "block", "layer"] = Field("block", description="slice grain")
     perturbation_cv: float = Field(0.05, ge=0, le=1, description="seeded variation of real op durations")
-    drain_s: float = Field(120.0, ge=0, le=MAX_DURATION_S, description="extra simulated time to finish in-flight requests")
+    drain_s: float = Field(120.0, ge=0, le=MAX_DURATION_S,
+                           description="extra simulated time to finish in-flight requests")
     gpu_memory_utilization: float = Field(0.9, gt=0.1, le=1.0, description="share of device memory for "
                                           "weights + KV cache (the rest is activation headroom), as in vLLM")
     over_context: Literal["truncate", "reject"] = Field(
@@ -228,30 +235,35 @@ class ReallocConfig(_Strict):
     """The `realloc` autoscaler (`[schedulers.realloc]`): one default for every scenario,
     chosen as an operator of a request-driven LLM autoscaler would (Knative / KServe style)."""
 
-    interval_s: float = Field(2.0, gt=0, description="how often the autoscaler reads its metrics and may "
+    interval_s: float = Field(2.0, gt=0, le=MAX_DURATION_S,
+                              description="how often the autoscaler reads its metrics and may "
                               "start one move (Knative's autoscaler ticks every 2 s)")
-    scale_up_concurrency: float = Field(16.0, gt=0, description="queued + running requests per active "
+    scale_up_concurrency: float = Field(16.0, gt=0, le=1e6, description="queued + running requests per active "
                                         "replica at which a tenant wants another replica (Knative's "
                                         "concurrency target; vLLM's num_requests_waiting + _running)")
     scale_up_kv_frac: float = Field(0.9, gt=0, le=1, description="KV-cache use of a replica at which its "
                                     "tenant wants another replica (vLLM's gpu_cache_usage_perc)")
-    scale_up_checks: int = Field(1, ge=1, description="consecutive checks over a scale-up threshold before "
+    scale_up_checks: int = Field(1, ge=1, le=1000, description="consecutive checks over a scale-up threshold before "
                                  "acting (1: at once, as Knative's panic mode; a move takes seconds, and the "
                                  "donor rule, the hysteresis and the cooldown keep it from flapping)")
-    donor_window_s: float = Field(2.0, ge=0, description="a tenant gives up a replica only after this long "
+    donor_window_s: float = Field(2.0, ge=0, le=MAX_DURATION_S,
+                                  description="a tenant gives up a replica only after this long "
                                   "without queued requests and with its load, spread over one replica fewer, "
                                   "under donor_concurrency and donor_kv_frac (scale-down stabilization: two "
                                   "consecutive checks)")
-    donor_concurrency: float = Field(4.0, gt=0, description="running requests per remaining replica a donor "
+    donor_concurrency: float = Field(4.0, gt=0, le=1e6, description="running requests per remaining replica a donor "
                                      "may reach (a quarter of the scale-up target: hysteresis)")
     donor_kv_frac: float = Field(0.5, gt=0, le=1, description="KV use the donor's remaining replicas may reach")
-    idle_to_zero_s: float = Field(30.0, ge=0, description="a tenant's last replica may go (scale to zero, as "
+    idle_to_zero_s: float = Field(30.0, ge=0, le=MAX_DURATION_S,
+                                  description="a tenant's last replica may go (scale to zero, as "
                                   "serverless LLM serving does) after this long with no request at all; its "
                                   "next request waits for a cold start")
-    cooldown_s: float = Field(10.0, ge=0, description="after a move, the tenant that took the container "
+    cooldown_s: float = Field(10.0, ge=0, le=MAX_DURATION_S,
+                              description="after a move, the tenant that took the container "
                               "takes part in no other for this long (the donor must drain, the weights "
                               "load and the engine warm up before the new replica shows its effect)")
-    warmup_s: float = Field(2.0, ge=0, description="engine start-up after the weights land: process and "
+    warmup_s: float = Field(2.0, ge=0, le=MAX_DURATION_S,
+                            description="engine start-up after the weights land: process and "
                             "CUDA context kept warm, KV pool allocation and CUDA-graph capture")
     min_kv_frac: float = Field(0.2, ge=0, lt=1, description="a container takes a model only if its weights "
                                "leave this share of usable memory for KV cache")
@@ -261,45 +273,57 @@ class SliceSchedConfig(_Strict):
     """SliceScheduler's settings: one default for every scenario (never tuned to one); a scenario may
     override them in a `[schedulers.slicesched]` table."""
 
-    check_interval_s: float = Field(0.05, gt=0, description="simulated seconds between lease (shard staging and "
+    check_interval_s: float = Field(0.05, gt=0, le=MAX_DURATION_S,
+                                    description="simulated seconds between lease (shard staging and "
                                     "release) decisions; slice placement runs at every call")
-    horizon_s: float = Field(0.5, gt=0, description="at most this far a what-if fork runs ahead to see an "
+    horizon_s: float = Field(0.5, gt=0, le=MAX_DURATION_S,
+                             description="at most this far a what-if fork runs ahead to see an "
                            "iteration end (else twice the iteration's cost-model duration)")
-    stage_horizon_s: float = Field(0.05, gt=0, description="what-if horizon of the memory check before staging")
-    memory_whatifs_per_check: int = Field(4, ge=1, description="at most this many memory what-ifs (shard stages and "
+    stage_horizon_s: float = Field(0.05, gt=0, le=MAX_DURATION_S,
+                                   description="what-if horizon of the memory check before staging")
+    memory_whatifs_per_check: int = Field(4, ge=1, le=1000,
+                                          description="at most this many memory what-ifs (shard stages and "
                                           "overflow replicas) in one lease check; later candidates wait for the "
                                           "next check, so one decision's work stays bounded")
-    lender_slack_frac: float = Field(0.1, ge=0, description="a lender's iteration may be delayed by borrowed "
+    lender_slack_frac: float = Field(0.1, ge=0, le=100, description="a lender's iteration may be delayed by borrowed "
                                      "slices by at most this share of its TPOT SLO (predicted by a what-if)")
-    min_gain_frac: float = Field(0.02, ge=0, description="borrow devices for an iteration only if the what-if "
+    min_gain_frac: float = Field(0.02, ge=0, le=100, description="borrow devices for an iteration only if the what-if "
                                  "predicts it ends at least this share of its home duration sooner")
-    whatif_reuse_s: float = Field(0.25, ge=0, description="with no lender work live, a what-if verdict is "
+    whatif_reuse_s: float = Field(0.25, ge=0, le=MAX_DURATION_S,
+                                  description="with no lender work live, a what-if verdict is "
                                   "reused this long for iterations of the same shape class (0: simulate every one)")
     min_idle_share: float = Field(0.5, ge=0, le=1, description="a lender's devices must have been idle this "
                                   "share of the last idle_window_s")
-    idle_window_s: float = Field(1.0, gt=0, description="window of the idle history that ranks lenders")
-    lender_history_s: float = Field(10.0, gt=0, description="a lease's lender devices must also have been idle "
+    idle_window_s: float = Field(1.0, gt=0, le=MAX_DURATION_S,
+                                 description="window of the idle history that ranks lenders")
+    lender_history_s: float = Field(10.0, gt=0, le=MAX_DURATION_S,
+                                    description="a lease's lender devices must also have been idle "
                                     "min_idle_share of this longer window (a busy tenant's lull does not lend)")
     forecast_weight: float = Field(0.05, gt=0, le=1, description="weight of each check's load in a tenant's "
                                    "load forecast (exponential average of requests per replica)")
     borrower_share: float = Field(0.5, ge=0, le=1, description="only tenants whose load forecast is at least "
                                   "this share of the hottest tenant's borrow; leases of others are released")
-    lender_forecast_frac: float = Field(0.25, ge=0, description="a tenant lends only if its load forecast is at "
+    lender_forecast_frac: float = Field(0.25, ge=0, le=100,
+                                        description="a tenant lends only if its load forecast is at "
                                         "most this share of the borrower's")
-    lender_max_load: int = Field(0, ge=0, description="a replica lends devices only with at most this many "
+    lender_max_load: int = Field(0, ge=0, le=1_000_000,
+                                 description="a replica lends devices only with at most this many "
                                  "requests of its own")
     lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
                              "staged shards")
-    kv_headroom: float = Field(2.0, ge=0, description="a lender keeps this many times its peak KV use (over "
+    kv_headroom: float = Field(2.0, ge=0, le=100, description="a lender keeps this many times its peak KV use (over "
                                "kv_peak_window_s) before lending any of its free pool")
-    kv_peak_window_s: float = Field(10.0, gt=0, description="window of a lender's KV use history")
+    kv_peak_window_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="window of a lender's KV use history")
     reclaim_kv_frac: float = Field(0.7, gt=0, le=1, description="shards are released when their lender's "
                                    "KV pool is this full")
-    reclaim_forecast_frac: float = Field(0.5, ge=0, description="shards are released when a lender's load forecast "
+    reclaim_forecast_frac: float = Field(0.5, ge=0, le=100,
+                                         description="shards are released when a lender's load forecast "
                                          "passes this share of the borrower's (its load is back)")
-    guest_min_forecast: float = Field(1.0, ge=0, description="a hot tenant gets an overflow replica on calm devices "
+    guest_min_forecast: float = Field(1.0, ge=0, le=1e6,
+                                      description="a hot tenant gets an overflow replica on calm devices "
                                       "only while its load forecast is at least this many requests per replica")
-    calm_release_s: float = Field(2.0, gt=0, description="shards are released after the tenant's home replica "
+    calm_release_s: float = Field(2.0, gt=0, le=MAX_DURATION_S,
+                                  description="shards are released after the tenant's home replica "
                                   "has had no request for this long")
 
 
