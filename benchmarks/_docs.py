@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-FIGURE = re.compile(r"^([A-Za-z0-9_.\-]+): ([-+]?(?:[0-9][^ ]*|nan|inf))(?: (.+))?$")  # value: a number
+FIGURE = re.compile(r"^([A-Za-z0-9_.+\-]+): ([-+]?(?:[0-9][^ ]*|nan|inf))(?: (.+))?$")  # value: a number
 
 
 def figures(text: str) -> list[tuple[str, str, str]]:

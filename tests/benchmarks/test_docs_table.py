@@ -46,3 +46,7 @@ def test_every_benchmark_has_its_section() -> None:
     doc = _docs.DOCS.read_text(encoding="utf-8")
     for script in sorted(_docs.DOCS.parents[1].joinpath("benchmarks").glob("[a-z]*.py")):
         assert f"<!-- bench:{script.stem}:start -->" in doc, script.name
+
+
+def test_a_figure_named_after_a_scheduler_with_a_plus_is_kept() -> None:
+    assert _docs.figures("capacity_hot_cold_realloc+slo: 0.841 x") == [("capacity_hot_cold_realloc+slo", "0.841", "x")]
