@@ -165,7 +165,7 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
             predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration))
     runs = [summarize_run(r, sc.seed) for r in served]
     df = comparison_table(runs)
-    n = sc.cluster.nodes * sc.cluster.devices_per_node
+    n = sc.cluster.num_devices
     print_table(df, f"{sc.name}: {len(sc.tenants)} tenants served for real on {n} x {setup.torch_device} "
                     f"({memory_mib:g} MiB each)")
     pred = prediction_table(served, predicted)
@@ -221,8 +221,7 @@ def _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address, c
         runs = run_many(sc, specs, jobs=jobs, ray_address=ray_address, duration_s=duration,
                         on_done=on_done, on_progress=on_progress)
     df = comparison_table(runs)
-    title = (f"{sc.name}: {len(sc.tenants)} tenants on {sc.cluster.nodes * sc.cluster.devices_per_node} "
-             f"x {sc.cluster.device}")
+    title = f"{sc.name}: {len(sc.tenants)} tenants on {sc.cluster.describe()}"
     print_table(df, title)
     extra = None
     if capacity is not None:
@@ -262,7 +261,7 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file")) ->
     found = check_scenario(sc)
     counts = ", ".join(f"{n:,} at x{k:g}" for k, n in found.arrivals.items())
     typer.echo(f"{scenario}: ok: {len(sc.tenants)} tenants, {len(sc.streams)} streams, "
-               f"{sc.cluster.nodes * sc.cluster.devices_per_node} x {sc.cluster.device}; requests arriving: {counts}")
+               f"{sc.cluster.describe()}; requests arriving: {counts}")
 
 
 @app.command()

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from slicesched.cli import app
 from slicesched.config.scenario import (DiurnalCurve, FlashCurve, ReallocConfig, ReplayConfig, Scenario,
                                         ServeGenStream, SliceSchedConfig, SyntheticStream, TenantConfig,
-                                        TraceStream, ClusterConfig)
+                                        TraceStream, ClusterConfig, NodeGroup)
 
 runner = CliRunner()
 
@@ -99,6 +99,8 @@ def scenario_with(model: type[BaseModel], line: str) -> str:
         parts["top"] = line
     elif model is ClusterConfig:
         parts["cluster"] = line
+    elif model is NodeGroup:
+        parts["cluster"] = "__GROUP__\n" + line
     elif model is TenantConfig:
         parts["tenant"] = line
     elif model in STREAMS:
@@ -114,6 +116,9 @@ def scenario_with(model: type[BaseModel], line: str) -> str:
     else:
         raise AssertionError(f"no place in the base scenario for {model.__name__}")
     text = BASE.format(**parts)
+    if "__GROUP__" in text:  # a mixed fleet: the group's table instead of the single-kind fields
+        text = text.replace("devices_per_node = 2\n__GROUP__", '[[cluster.node_groups]]\nname = "g"\n'
+                            'device = "H100-80GB"\ndevices_per_node = 2')
     key = "\n" + line.split(" = ")[0] + " = "
     if text.count(key) > 1:  # the base sets it already: drop the base's line
         i = text.index(key)

@@ -14,9 +14,11 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slicesched.errors import InputError
+from slicesched.hardware.cluster import Cluster, NodeSpec
 from slicesched.hardware.specs import DEVICES, LINKS
 
 
@@ -56,29 +58,93 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ClusterConfig(_Strict):
-    device: str = Field("H100-80GB", description=f"device type, one of {', '.join(DEVICES)}")
+def _known_device(v: str) -> str:
+    if v not in DEVICES:
+        raise ValueError(f"unknown device '{v}', expected one of {', '.join(DEVICES)}")
+    return v
+
+
+def _known_link(v: str) -> str:
+    if v not in LINKS:
+        raise ValueError(f"unknown link '{v}', expected one of {', '.join(LINKS)}")
+    return v
+
+
+DeviceName = Annotated[str, AfterValidator(_known_device)]
+LinkName = Annotated[str, AfterValidator(_known_link)]
+
+
+class NodeGroup(_Strict):
+    """Servers of one kind in a mixed fleet (`[[cluster.node_groups]]`)."""
+
+    name: str = Field(min_length=1, max_length=64, description="group name, unique; tenants name it in node_group")
+    device: DeviceName = Field(description=f"device type, one of {', '.join(DEVICES)}")
     nodes: int = Field(1, ge=1, le=4096, description="number of servers")
     devices_per_node: int = Field(8, ge=1, le=64, description="devices in each server")
-    intra_link: str = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
-    inter_link: str = Field("ib-ndr", description="network between servers")
+    intra_link: LinkName = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
+
+
+SINGLE_KIND = ("device", "nodes", "devices_per_node", "intra_link")
+
+
+class ClusterConfig(_Strict):
+    device: DeviceName = Field("H100-80GB", description=f"device type, one of {', '.join(DEVICES)}")
+    nodes: int = Field(1, ge=1, le=4096, description="number of servers")
+    devices_per_node: int = Field(8, ge=1, le=64, description="devices in each server")
+    intra_link: LinkName = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
+    inter_link: LinkName = Field("ib-ndr", description="network between servers")
     profile: str | None = Field(None, description="measured op profile to calibrate the cost model on (a "
                                 "profile file, a folder in Vidur's layout, or 'shared:profiles/vidur'); "
                                 "default: the roofline model")
+    node_groups: tuple[NodeGroup, ...] = Field((), description="a mixed fleet: groups of servers, each of one "
+                                               "device type (instead of device, nodes, devices_per_node, intra_link)")
 
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, v: str) -> str:
-        if v not in DEVICES:
-            raise ValueError(f"unknown device '{v}', expected one of {', '.join(DEVICES)}")
-        return v
+    @model_validator(mode="after")
+    def _one_way_to_say_it(self) -> "ClusterConfig":
+        if self.node_groups:
+            both = [f for f in SINGLE_KIND if f in self.model_fields_set]
+            if both:
+                raise ValueError(f"give node_groups or {', '.join(both)}, not both")
+            names = [g.name for g in self.node_groups]
+            if len(set(names)) != len(names):
+                raise ValueError(f"node group names must be unique, got {names}")
+        return self
 
-    @field_validator("intra_link", "inter_link")
-    @classmethod
-    def _known_link(cls, v: str) -> str:
-        if v not in LINKS:
-            raise ValueError(f"unknown link '{v}', expected one of {', '.join(LINKS)}")
-        return v
+    def groups(self) -> tuple[NodeGroup, ...]:
+        """The fleet as node groups (one, named 'default', for a single-kind cluster)."""
+        if self.node_groups:
+            return self.node_groups
+        return (NodeGroup(name="default", device=self.device, nodes=self.nodes,
+                          devices_per_node=self.devices_per_node, intra_link=self.intra_link),)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.nodes * g.devices_per_node for g in self.groups())
+
+    def group_devices(self, name: str) -> range:
+        """Device ids of one group (groups are numbered in the order they are listed)."""
+        start = 0
+        for g in self.groups():
+            n = g.nodes * g.devices_per_node
+            if g.name == name:
+                return range(start, start + n)
+            start += n
+        raise KeyError(name)
+
+    def build(self) -> Cluster:
+        """The cluster: each group's servers in the order listed, devices numbered across them."""
+        nodes = tuple(NodeSpec(g.device, g.devices_per_node, g.intra_link)
+                      for g in self.groups() for _ in range(g.nodes))
+        return Cluster(nodes, self.inter_link)
+
+    def memory_bytes(self) -> np.ndarray:
+        """Memory of every device, in device order."""
+        return np.array([DEVICES[g.device].memory_bytes
+                         for g in self.groups() for _ in range(g.nodes * g.devices_per_node)])
+
+    def describe(self) -> str:
+        """'8 x H100-80GB' or '8 x H100-80GB + 16 x A100-80GB'."""
+        return " + ".join(f"{g.nodes * g.devices_per_node} x {g.device}" for g in self.groups())
 
 
 class TenantConfig(_Strict):
@@ -90,6 +156,8 @@ class TenantConfig(_Strict):
     replicas: int = Field(1, ge=1, le=64, description="data-parallel replicas (containers) of the model")
     devices: tuple[int, ...] | None = Field(None, description="devices of all replicas (tp x pp x replicas); "
                                             "default: packed in order")
+    node_group: str | None = Field(None, description="the node group (cluster.node_groups) its containers "
+                                   "are packed on; default: any, in order")
     ttft_slo_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
                                      description="absolute TTFT SLO; default sla_scale x isolated")
     tpot_slo_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
@@ -354,8 +422,14 @@ class Scenario(_Strict):
             unknown = [t for t in s.tenants if t not in names]
             if unknown:
                 raise ValueError(f"stream feeds unknown tenant(s) {unknown}; tenants are {names}")
-        n = self.cluster.nodes * self.cluster.devices_per_node
+        n = self.cluster.num_devices
+        groups = [g.name for g in self.cluster.groups()]
         for i, t in enumerate(self.tenants):
+            if t.node_group is not None and t.node_group not in groups:
+                raise FieldProblem(("tenants", i, "node_group"),
+                                   f"unknown node group '{t.node_group}'; the cluster has {', '.join(groups)}")
+            if t.node_group is not None and t.devices is not None:
+                raise FieldProblem(("tenants", i, "node_group"), "give devices or node_group, not both")
             if t.replica_devices > n:
                 raise FieldProblem(("tenants", i, "pp" if t.pp > 1 else "tp"),
                                    f"a replica of tp={t.tp} x pp={t.pp} needs {t.replica_devices} devices, "

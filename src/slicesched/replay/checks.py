@@ -86,16 +86,25 @@ def check_pipeline_schedulers(sc: Scenario, names: Sequence[str] | None = None) 
 
 
 def check_tenants(sc: Scenario) -> None:
-    """Models known, heads divisible by tp, at most one pipeline stage per layer, weights within
-    the device memory share."""
+    """Models known, heads divisible by tp, at most one pipeline stage per layer, containers
+    placeable (on their node group), weights and one full-context request within the memory share
+    of the smallest device a container holds."""
     from slicesched.gmg.builder import tp_problem
     from slicesched.gmg.stages import stage_weight_bytes
-    from slicesched.hardware import device_spec
     from slicesched.models.spec import model_spec
+    from slicesched.replay.deployment import build_cluster, default_replicas
 
-    dev = device_spec(sc.cluster.device)
-    budget = dev.memory_bytes * sc.replay.gpu_memory_utilization
+    cluster = build_cluster(sc)
+    try:
+        placed = default_replicas(sc, cluster)
+    except ValueError as e:
+        i = next(i for i, t in enumerate(sc.tenants) if f"tenant '{t.name}'" in str(e))
+        raise scenario_error(sc, ("tenants", i, "node_group" if sc.tenants[i].node_group else "replicas"),
+                             str(e)) from None
     for i, t in enumerate(sc.tenants):
+        devs = [d for name, ds in placed if name == t.name for d in ds]
+        dev = min((cluster.device_specs[d] for d in devs), key=lambda s: s.memory_bytes)
+        budget = dev.memory_bytes * sc.replay.gpu_memory_utilization
         try:
             m = model_spec(t.model)
         except InputError as e:

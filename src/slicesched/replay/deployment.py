@@ -9,7 +9,7 @@ import numpy as np
 from slicesched.config.scenario import Scenario
 from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.stages import stage_kv_bytes_per_token, stage_weight_bytes
-from slicesched.hardware.cluster import Cluster, NodeSpec
+from slicesched.hardware.cluster import Cluster
 from slicesched.models.spec import ModelSpec
 from slicesched.decisions import TenantDemand
 from slicesched.traces import Trace
@@ -34,14 +34,13 @@ class Replica:
 
 
 def build_cluster(sc: Scenario) -> Cluster:
-    c = sc.cluster
-    return Cluster(tuple(NodeSpec(c.device, c.devices_per_node, c.intra_link) for _ in range(c.nodes)),
-                   c.inter_link)
+    return sc.cluster.build()
 
 
 def default_replicas(sc: Scenario, cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """The scenario's containers: explicit devices, else packed in order, keeping a replica (its
-    tp x pp devices) inside one node where it fits."""
+    """The scenario's containers: explicit devices, else packed in order (on the tenant's node
+    group, when it names one), keeping a replica (its tp x pp devices) inside one node where it
+    fits. Raises ValueError when a group has too few devices left."""
     taken = {d for t in sc.tenants for d in (t.devices or ())}
     free = [d for d in range(cluster.num_devices) if d not in taken]
     out = []
@@ -50,9 +49,16 @@ def default_replicas(sc: Scenario, cluster: Cluster) -> tuple[tuple[str, tuple[i
             devs = list(t.devices)
         else:
             devs = []
+            pool = free if t.node_group is None else [d for d in free if d in sc.cluster.group_devices(t.node_group)]
+            if len(pool) < t.replica_devices * t.replicas:
+                raise ValueError(f"tenant '{t.name}' needs {t.replica_devices * t.replicas} devices, "
+                                 f"{len(pool)} are left" + (f" in node group '{t.node_group}'" if t.node_group else ""))
             for _ in range(t.replicas):
-                group = _take_group(free, t.replica_devices, cluster)
+                group = _take_group(pool, t.replica_devices, cluster)
                 devs += group
+                if pool is not free:
+                    for d in group:
+                        free.remove(d)
         n = t.replica_devices
         for r in range(t.replicas):
             out.append((t.name, tuple(devs[r * n:(r + 1) * n])))

@@ -67,7 +67,11 @@ def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_
         path.write_text(json.dumps(cfg, indent=1))
         configs[t.name], seeds[t.name] = cfg, sc.seed * 1000 + i
         tenants.append(t.model_copy(update={"model": str(path)}))
-    cluster = sc.cluster.model_copy(update={"device": "cpu", "intra_link": "local"}) if scaled else sc.cluster
+    cpu = {"device": "cpu", "intra_link": "local"}
+    cluster = sc.cluster
+    if scaled:
+        cluster = (cluster.model_copy(update={"node_groups": tuple(g.model_copy(update=cpu) for g in cluster.node_groups)})
+                   if cluster.node_groups else cluster.model_copy(update=cpu))
     served = sc.model_copy(update={"tenants": tenants, "cluster": cluster})
     return RealSetup(served, configs, seeds, float(device_memory_bytes), torch_device, sc)
 
@@ -96,7 +100,7 @@ def calibrate(setup: RealSetup, repeats: int = 10, together: bool = False, grid:
               ) -> Profile:
     """The served models' real steps timed on executor devices of their own (a step of its own,
     before and apart from any served run): the profile a `CalibratedCostModel` prices them by."""
-    sc, n = setup.scenario, setup.scenario.cluster.nodes * setup.scenario.cluster.devices_per_node
+    sc, n = setup.scenario, setup.scenario.cluster.num_devices
     models = {t.name: spec_of(setup.configs[t.name], Path(t.model).stem) for t in sc.tenants}
     devices = {t.name: i % n for i, t in enumerate(sc.tenants)}  # the tenants' home devices, as dedicated has them
     executor = Executor([DeviceConfig(setup.torch_device) for _ in range(n)])
@@ -124,7 +128,7 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
     sc = setup.scenario
     cost = cost or scenario_cost(sc)
     window = sc.replay.duration_s if window_s is None else window_s
-    n = sc.cluster.nodes * sc.cluster.devices_per_node
+    n = sc.cluster.num_devices
     own = executor is None
     if own:
         executor = Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])

@@ -28,7 +28,8 @@ import numpy as np
 from slicesched.gmg.builder import block_weight_bytes, build_iteration
 from slicesched.gmg.graph import GlobalMappingGraph
 from slicesched.gmg.ops import BatchShape
-from slicesched.hardware.specs import device_spec, link_spec
+from slicesched.hardware.cluster import Cluster
+from slicesched.hardware.specs import LINKS, device_spec, link_spec
 from slicesched.models.spec import model_spec
 from slicesched.sched.interface import (SCHEDULERS, ContainerMove, ReplicaLoad, Scheduler,
                                         SchedulerDecision, ServingView, SlicePlacement, TenantDemand)
@@ -83,6 +84,13 @@ Replicas = tuple[tuple[str, tuple[int, ...]], ...]
 def _tp_ok(model: str, tp: int) -> bool:
     m = model_spec(model)
     return m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0
+
+
+def _least(per_device: float | np.ndarray, devices: tuple[int, ...]) -> float:
+    """The smallest of a per-device figure over some devices (a scalar: the same everywhere)."""
+    if np.ndim(per_device) == 0:
+        return float(per_device)
+    return float(np.min(np.asarray(per_device)[list(devices)]))
 
 
 def _served(rate: float, util: float) -> float:
@@ -140,9 +148,12 @@ class TemporalMuxScheduler(Scheduler):
                  utilization: float = 0.9, *, device: str = "H100-80GB", devices_per_node: int = 8,
                  intra_link: str = "nvlink4", inter_link: str = "ib-ndr",
                  tpot_slo: Mapping[str, tuple[float | None, float]] | None = None, max_util: float = 0.8,
-                 min_kv_frac: float = 0.2) -> None:
+                 min_kv_frac: float = 0.2, cluster: Cluster | None = None) -> None:
+        """`capacity_bytes`: every device's memory, or one per device; `cluster` (a mixed fleet):
+        price each group by its own devices and links instead of `device` and the links given."""
         self.models = models or {}
         self.capacity = capacity_bytes
+        self.cluster = cluster
         self.utilization = utilization
         self.device = device_spec(device)
         self.devices_per_node = devices_per_node
@@ -154,10 +165,12 @@ class TemporalMuxScheduler(Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "TemporalMuxScheduler":
         c = scenario.cluster
-        return cls({t.name: t.model for t in scenario.tenants}, device_spec(c.device).memory_bytes,
-                   scenario.replay.gpu_memory_utilization, device=c.device, devices_per_node=c.devices_per_node,
-                   intra_link=c.intra_link, inter_link=c.inter_link,
-                   tpot_slo={t.name: (t.tpot_slo_s, t.sla_scale) for t in scenario.tenants})
+        mixed = {"capacity_bytes": c.memory_bytes(), "cluster": c.build()} if c.node_groups else {
+            "capacity_bytes": device_spec(c.device).memory_bytes}
+        return cls({t.name: t.model for t in scenario.tenants}, utilization=scenario.replay.gpu_memory_utilization,
+                   device=c.device, devices_per_node=c.devices_per_node, intra_link=c.intra_link,
+                   inter_link=c.inter_link, tpot_slo={t.name: (t.tpot_slo_s, t.sla_scale) for t in scenario.tenants},
+                   **mixed)
 
     def deployment(self, default: Replicas, demand: Mapping[str, TenantDemand] | None = None) -> Replicas:
         demand = demand or {}
@@ -199,13 +212,19 @@ class TemporalMuxScheduler(Scheduler):
         if tenant not in self.models or not _tp_ok(self.models[tenant], len(devices)):
             return None
         m, tp = model_spec(self.models[tenant]), len(devices)
-        cross = len({x // self.devices_per_node for x in devices}) > 1
-        link = self.links[1] if cross else (self.links[0] if tp > 1 else link_spec("local"))
+        device = self.device
+        if self.cluster is not None:  # a mixed fleet: the slowest device and hop of this group
+            c = self.cluster
+            device = min((c.device_specs[x] for x in devices), key=lambda s: (s.mem_bandwidth, s.peak_flops))
+            link = min((c.link(devices[0], x) for x in devices[1:]), key=lambda l: l.bandwidth, default=LINKS["local"])
+        else:
+            cross = len({x // self.devices_per_node for x in devices}) > 1
+            link = self.links[1] if cross else (self.links[0] if tp > 1 else link_spec("local"))
         prompt = max(int(round(d.mean_prompt)), 1)
         ctx = prompt + int(d.mean_output) // 2
 
         def secs(shape: BatchShape) -> float:
-            return float(self.cost.op_times(build_iteration(m, shape, tp), self.device, link).sum())
+            return float(self.cost.op_times(build_iteration(m, shape, tp), device, link).sum())
 
         prefill = secs(BatchShape(np.array([prompt]), np.array([0]), 1))
         step1, step32 = secs(BatchShape.decode(1, ctx)), secs(BatchShape.decode(32, ctx))
@@ -221,7 +240,7 @@ class TemporalMuxScheduler(Scheduler):
             return None
         tp = len(devices)
         ma, mb = model_spec(self.models[a]), model_spec(self.models[b])
-        usable = self.capacity * self.utilization
+        usable = _least(self.capacity, devices) * self.utilization
         w = sum(float(block_weight_bytes(m, tp).sum()) for m in (ma, mb))
         if w > (1 - self.min_kv_frac) * usable:
             return None
@@ -278,8 +297,8 @@ class ReallocScheduler(Scheduler):
 
     name = "realloc"
 
-    def __init__(self, settings=None, models: dict[str, str] | None = None, capacity_bytes: float = 80e9,
-                 utilization: float = 0.9) -> None:
+    def __init__(self, settings=None, models: dict[str, str] | None = None,
+                 capacity_bytes: float | np.ndarray = 80e9, utilization: float = 0.9) -> None:
         from slicesched.config.scenario import ReallocConfig
 
         self.cfg = settings or ReallocConfig()
@@ -296,8 +315,10 @@ class ReallocScheduler(Scheduler):
     def from_scenario(cls, scenario) -> "ReallocScheduler":
         from slicesched.hardware.specs import device_spec
 
+        c = scenario.cluster
         return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants},
-                   device_spec(scenario.cluster.device).memory_bytes, scenario.replay.gpu_memory_utilization)
+                   c.memory_bytes() if c.node_groups else device_spec(c.device).memory_bytes,
+                   scenario.replay.gpu_memory_utilization)
 
     def attach(self, view: ServingView) -> None:
         self._view = view
@@ -386,7 +407,8 @@ class ReallocScheduler(Scheduler):
         model = self.models[tenant]
         if not _tp_ok(model, len(devices)):
             return False
-        return float(block_weight_bytes(model_spec(model), len(devices)).sum()) <= (1 - self.cfg.min_kv_frac) * self.usable
+        room = (1 - self.cfg.min_kv_frac) * _least(self.usable, devices)
+        return float(block_weight_bytes(model_spec(model), len(devices)).sum()) <= room
 
 
 TemporalMuxSLOScheduler = with_slo_rules(TemporalMuxScheduler)

@@ -128,7 +128,7 @@ class SliceScheduler(LendingMixin, Scheduler):
     admission = Deadline()  # the most requests within their TTFT SLO first
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
-                 capacity_bytes: float = 80e9) -> None:
+                 capacity_bytes: float | np.ndarray = 80e9) -> None:
         self.models = models or {}
         self.cfg = config or SliceSchedConfig()
         self.capacity_bytes = capacity_bytes
@@ -151,7 +151,9 @@ class SliceScheduler(LendingMixin, Scheduler):
     def from_scenario(cls, scenario) -> "SliceScheduler":
         from slicesched.hardware.specs import device_spec
 
-        cap = device_spec(scenario.cluster.device).memory_bytes * scenario.replay.gpu_memory_utilization
+        c = scenario.cluster  # a mixed fleet: each device's own memory
+        memory = c.memory_bytes() if c.node_groups else device_spec(c.device).memory_bytes
+        cap = memory * scenario.replay.gpu_memory_utilization
         return cls({t.name: t.model for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
 
     def run_report(self) -> dict[str, float]:
