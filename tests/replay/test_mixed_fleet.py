@@ -85,3 +85,15 @@ def test_a_fleet_that_cannot_be_meant_is_one_line_naming_the_field(edit, field):
     with pytest.raises(InputError) as e:
         check_scenario(scenario(MIXED.replace(*edit)))
     assert field in (e.value.field or "") or field in e.value.one_line()
+
+
+def test_slicesched_lends_on_the_shipped_mixed_fleet_with_each_devices_own_memory():
+    from pathlib import Path
+
+    from slicesched.config import load_scenario
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "chat_reasoning_batch.toml")
+    assert len({g.device for g in sc.cluster.groups()}) == 2
+    r = run_one(sc, RunSpec("slicesched", 1.0), 20.0)
+    assert r.scheduler_report["whatif_calls"] > 0 and r.scheduler_report["stages"] > 0  # memory what-ifs ran
+    assert r.summary.overall.completed == r.summary.overall.requests

@@ -322,7 +322,9 @@ class LendingMixin:
         pred = fork.simulate(self.cfg.stage_horizon_s)
         self.report.whatif_s += time.perf_counter() - t0
         peak = pred.peak_memory[list(devices)]
-        ok = not pred.ooms and bool(np.all(peak + extra_bytes <= self.capacity_bytes))
+        cap = self.capacity_bytes  # one for every device, or each device's own (a mixed fleet)
+        cap = cap if np.ndim(cap) == 0 else np.asarray(cap)[list(devices)]
+        ok = not pred.ooms and bool(np.all(peak + extra_bytes <= cap))
         self.report.memory_rejections += not ok
         return ok
 
