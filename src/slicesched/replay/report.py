@@ -36,7 +36,8 @@ MANIFEST = "slicesched-manifest.json"
 # One colour per scheduler in every plot: the shipped ones fixed, any other by a hash of its name.
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
             "#bcbd22", "#17becf")  # matplotlib's tab10
-_FIXED = {"dedicated": 0, "temporal-mux": 1, "realloc": 2, "slicesched": 3}
+_FIXED = {"dedicated": 0, "temporal-mux": 1, "realloc": 2, "slicesched": 3,
+          "dedicated+slo": 4, "dedicated-slo-aware": 4, "temporal-mux+slo": 5, "realloc+slo": 6}
 _LINESTYLES = ("-", "--", ":", "-.")
 _HATCHES = ("", "//", "..", "xx")
 
