@@ -73,17 +73,21 @@ def print_capacity(df: pd.DataFrame, title: str) -> None:
         spread = "" if math.isnan(row.seed_scale_min) else f"x{row.seed_scale_min:.3g} - x{row.seed_scale_max:.3g}"
         ratio = "" if math.isnan(row.vs_best_baseline) else f"{row.vs_best_baseline:.2f}x"
         t.add_row(row.scheduler, cap, bracket, f"{row.token_throughput:,.0f}", spread, ratio, row.non_monotone_at)
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal:  # files and pipes: do not squeeze columns to 80 characters
+        console = Console(width=220)
+    console.print(t)
     for row in df.itertuples():
         if row.stopped_by:
-            Console().print(f"{row.scheduler}: search stopped: {row.stopped_by}")
+            console.print(f"{row.scheduler}: search stopped: {row.stopped_by}")
         if not row.steady:
-            Console().print(f"{row.scheduler}: not steady at capacity: {row.drain_token_share:.0%} of the window's "
-                            f"output tokens were served after it; replay a window of at least "
-                            f"{row.steady_window_s:.0f} s (--duration)")
-    Console().print("capacity: the largest rate scale whose SLA violation rate, averaged over seeds, is <= 9%; "
-                    "bracket: it and the smallest failing scale above it; '+': still feasible at the search's "
-                    "upper limit; roofline-bound: all devices at peak FLOP/s over the arrival window, no SLA")
+            console.print(f"{row.scheduler}: not steady at capacity: {row.drain_token_share:.0%} of the window's "
+                          f"output tokens were served after it; replay a window of at least "
+                          f"{row.steady_window_s:.0f} s (--duration)")
+    console.print("capacity: the largest rate scale whose SLA violation rate, averaged over seeds, is <= 9%; "
+                  "bracket: it and the smallest failing scale above it; '+': still feasible at the search's "
+                  "upper limit; roofline-bound: an upper bound (the window's work at every device's peak FLOP/s "
+                  "and HBM bandwidth over the window and the drain)")
 
 
 def write_capacity(folder: Path, results: dict[str, CapacityResult], bound: RooflineBound | None,
