@@ -194,3 +194,16 @@ def test_the_slo_rules_baselines_make_their_bases_placements():
 
 def test_the_old_name_of_dedicated_with_the_slo_rules_still_works():
     assert SCHEDULERS.get("dedicated-slo-aware") is SCHEDULERS.get("dedicated+slo")
+
+
+TWO_HOT = [ReplicaLoad("cold", (0,), 0, 1, False, kv_used_frac=0.05), ReplicaLoad("cold", (1,), 0, 0, False),
+           ReplicaLoad("hotter", (2,), 40, 20, False, kv_used_frac=0.95),
+           ReplicaLoad("hot", (3,), 30, 20, False, kv_used_frac=0.95)]
+
+
+@pytest.mark.parametrize("priority, taker", [({}, "hotter"), ({"hot": 1}, "hot")])
+def test_realloc_gives_the_spare_container_to_the_higher_priority_then_the_neediest(priority, taker):
+    r = ReallocScheduler(ReallocConfig(interval_s=1.0, donor_window_s=3.0), priority=priority)
+    r.attach(_View(TWO_HOT))
+    (t, move), *_ = _run_checks(r, 5.0)
+    assert (move.from_tenant, move.to_tenant) == ("cold", taker)

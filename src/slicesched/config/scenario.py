@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slicesched.errors import InputError
 from slicesched.hardware.cluster import Cluster, NodeSpec
@@ -166,6 +166,8 @@ class TenantConfig(_Strict):
     slo_class: Literal["interactive", "reasoning", "batch"] = Field(
         "interactive", description="what is judged: interactive TTFT and TPOT; reasoning TPOT only; "
         "batch completion within deadline_s of arrival only")
+    priority: int = Field(0, ge=0, le=9, description="0-9; schedulers that rank tenants serve a higher one "
+                          "first (realloc: which tenant a container goes to)")
     deadline_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
                                      description="batch: seconds from arrival to the last token")
     max_num_seqs: int = Field(256, ge=1, le=MAX_SEQS, description="most sequences in one batch (vLLM max_num_seqs)")

@@ -283,9 +283,9 @@ class ReallocScheduler(Scheduler):
       its last replica only after `idle_to_zero_s` without any request (scale to zero); a
       tenant at zero may take any tenant's spare (second or later) replica, calm, cooling
       down or not;
-    - the neediest tenant (most requests per replica) takes the donor container that fits its
-      model (tensor-parallel split, weights leave `min_kv_frac` for KV), preferring one of its
-      own replicas' size, then the least loaded; the taker then sits out `cooldown_s` (neither
+    - the neediest tenant (highest `priority`, then most requests per replica) takes the donor
+      container that fits its model (tensor-parallel split, weights leave `min_kv_frac` for KV),
+      preferring one of its own replicas' size, then the least loaded; the taker then sits out `cooldown_s` (neither
       asks for more nor gives while its new replica loads and proves itself), the donor's calm
       spell starts over.
 
@@ -298,11 +298,13 @@ class ReallocScheduler(Scheduler):
     name = "realloc"
 
     def __init__(self, settings=None, models: dict[str, str] | None = None,
-                 capacity_bytes: float | np.ndarray = 80e9, utilization: float = 0.9) -> None:
+                 capacity_bytes: float | np.ndarray = 80e9, utilization: float = 0.9,
+                 priority: Mapping[str, int] | None = None) -> None:
         from slicesched.config.scenario import ReallocConfig
 
         self.cfg = settings or ReallocConfig()
         self.models = models or {}
+        self.priority = dict(priority or {})  # tenant -> priority: a higher one takes a container first
         self.usable = capacity_bytes * utilization
         self._next = 0.0
         self._view: ServingView | None = None
@@ -318,7 +320,7 @@ class ReallocScheduler(Scheduler):
         c = scenario.cluster
         return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants},
                    c.memory_bytes() if c.node_groups else device_spec(c.device).memory_bytes,
-                   scenario.replay.gpu_memory_utilization)
+                   scenario.replay.gpu_memory_utilization, {t.name: t.priority for t in scenario.tenants})
 
     def attach(self, view: ServingView) -> None:
         self._view = view
@@ -348,7 +350,7 @@ class ReallocScheduler(Scheduler):
         needy = [t for t in parked if t not in per and ready(t)]
         if tick:  # between checks only a scale-from-zero acts
             needy += sorted((t for t in per if self._hot_streak.get(t, 0) >= cfg.scale_up_checks and ready(t)),
-                            key=lambda t: -load[t])
+                            key=lambda t: (-self.priority.get(t, 0), -load[t]))
         for hot in needy:
             move = self._donor_for(hot, per, now, ready)
             if move is not None:
