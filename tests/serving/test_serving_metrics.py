@@ -220,3 +220,14 @@ def test_a_batch_sla_needs_a_deadline_and_only_a_batch_one_has_one() -> None:
         SLA(ttft_s=1.0, tpot_s=0.1, slo_class="batch")
     with pytest.raises(ValueError, match="deadline"):
         SLA(ttft_s=1.0, tpot_s=0.1, deadline_s=5.0)
+
+
+def test_each_slo_class_gets_a_row_of_its_own_when_there_are_several() -> None:
+    reasoning = SLA(ttft_s=1.0, tpot_s=0.1, slo_class="reasoning")
+    reqs = [done(0, "a", 0.0, 1.5, 1.95, 100, 10), done(1, "r", 0.0, 5.0, 5.45, 100, 10),
+            done(2, "r", 0.0, 0.5, 9.5, 100, 10)]
+    s = summarize(reqs, end_s=END, slas={"a": SLA_A, "r": reasoning})
+    rows = s.to_frame().set_index("tenant")
+    assert list(rows.index) == ["a", "r", "class:interactive", "class:reasoning", ALL_TENANTS]
+    assert rows.loc["class:reasoning", "violations"] == 1 and rows.loc["class:interactive", "violations"] == 1
+    assert summarize(reqs[:1], end_s=END, slas={"a": SLA_A}).per_class == ()  # one class: ALL says it

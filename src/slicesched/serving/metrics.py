@@ -137,12 +137,14 @@ class TenantSummary:
 
 @dataclass(frozen=True, slots=True)
 class ServingSummary:
-    """The run's serving metrics: one ``TenantSummary`` per tenant plus the overall one."""
+    """The run's serving metrics: one ``TenantSummary`` per tenant plus the overall one, and one
+    per SLO class (named ``class:<name>``) when the tenants' SLAs are of more than one class."""
 
     end_s: float  # when the run ended (drain included): unfinished requests are judged then
     window_s: float  # the arrival window, the throughputs' denominator
     overall: TenantSummary
     per_tenant: tuple[TenantSummary, ...]
+    per_class: tuple[TenantSummary, ...] = ()
 
     def tenant(self, name: str) -> TenantSummary:
         for t in self.per_tenant:
@@ -151,8 +153,9 @@ class ServingSummary:
         raise KeyError(name)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per tenant and a last row ``ALL``, columns as in ``TenantSummary``."""
-        rows = [asdict(t) for t in (*self.per_tenant, self.overall)]
+        """One row per tenant, one per SLO class (when several) and a last row ``ALL``, columns
+        as in ``TenantSummary``."""
+        rows = [asdict(t) for t in (*self.per_tenant, *self.per_class, self.overall)]
         return pd.DataFrame(rows, columns=[f.name for f in fields(TenantSummary)])
 
 
@@ -215,7 +218,12 @@ def summarize(requests: Iterable[Request], end_s: float, slas: Mapping[str, SLA]
     per = tuple(_summarize_mask(str(t), cols, tenants == t, decided, violated, window_s)
                 for t in sorted(set(tenants.tolist())))
     overall = _summarize_mask(ALL_TENANTS, cols, np.ones(len(tenants), bool), decided, violated, window_s)
-    return ServingSummary(end_s, window_s, overall, per)
+    classes: dict[str, list[str]] = {}
+    for name, sla in (slas or {}).items():
+        classes.setdefault(sla.slo_class, []).append(name)
+    by_class = tuple(_summarize_mask(f"class:{c}", cols, np.isin(tenants, names), decided, violated, window_s)
+                     for c, names in sorted(classes.items())) if len(classes) > 1 else ()
+    return ServingSummary(end_s, window_s, overall, per, by_class)
 
 
 # ---- device idleness ---------------------------------------------------------------------------
