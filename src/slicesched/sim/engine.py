@@ -564,7 +564,7 @@ class Simulator:
             runs = self._running if focus is None else {s: r for s, r in self._running.items() if inside(r.group)}
             f._running = {s: retimed(self, r) for s, r in runs.items()} if retime else dict(runs)
             f._heap = rebuild_heap(f._running, f.net)
-        segs = self.segs.copy_for(f, focus) if plan is None else self.segs.copy_for(f).restored(plan[1], plan[2])
+        segs = self.segs.copy_for(f, focus) if plan is None else Segments(f).restored(plan[1], plan[2])
         f._init_parts(Timings(self._sh.timing, None), self.res.copy_for(f), self.placement.copy_for(f, held), segs)
         return f
 

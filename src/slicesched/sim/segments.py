@@ -269,9 +269,9 @@ class Segments:
             if c:
                 chains = self._write_steps(run, seg, c, self.sim._devs(seg.group), requeue=False)
                 # run._replace(start=..., scale=..., co=..., seg=...) without its keyword machinery
-                self.sim._rekey_run(k, k, tuple.__new__(type(run), (run.group, float(seg.starts[c]), *run[2:6],
-                                                                    seg.scale, seg.co, run.version,
-                                                                    seg.rest(c, chains))))
+                self.sim._set_run(k, tuple.__new__(type(run), (run.group, float(seg.starts[c]), *run[2:6],
+                                                               seg.scale, seg.co, run.version,
+                                                               seg.rest(c, chains))))
 
     def _write_steps(self, run: "Run", seg: Segment, c: int, devs: tuple[int, ...],
                      requeue: bool) -> tuple[Chain, ...]:
