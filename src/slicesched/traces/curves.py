@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -104,7 +105,12 @@ class RateCurve:
         return out
 
     def _grid(self, end_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """(t, M(t)) on a grid over [0, end_s] holding every break point (trapezoid rule)."""
+        """(t, M(t)) on a grid over [0, end_s] holding every break point (trapezoid rule); kept
+        for the last few (curve, window) pairs: a workload asks `cumulative` and `warp` of the same
+        window, and a capacity search regenerates it at every probe."""
+        return _grid_of(self, end_s)
+
+    def _integrate(self, end_s: float) -> tuple[np.ndarray, np.ndarray]:
         n = int(min(MAX_GRID, max(1000, math.ceil(end_s / GRID_STEP_S)))) + 1
         breaks = [b for p in self.parts for b in p.breaks() if 0 < b < end_s]
         # a step's two sides: the multiplier jumps there, so the grid holds a point just before it
@@ -133,3 +139,10 @@ class RateCurve:
         if np.any(over):
             inside = np.where(over, end_s + (own_s - cum[-1]) / float(self.multiplier(end_s)), inside)
         return inside
+
+
+@lru_cache(maxsize=16)
+def _grid_of(curve: RateCurve, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+    t, cum = curve._integrate(end_s)
+    t.flags.writeable = cum.flags.writeable = False  # shared by every caller of the cache
+    return t, cum
