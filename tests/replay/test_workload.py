@@ -268,20 +268,10 @@ def test_a_flash_crowd_reshapes_a_trace_keeping_every_request(tmp_path):
     path = tmp_path / "even.csv"
     rows = "\n".join(f"{i * 0.5},{100 + i},{10}" for i in range(4000))  # one every 0.5 s for 2000 s
     path.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows + "\n")
-    text = f"""
-        [cluster]
-        devices_per_node = 2
-        [[tenants]]
-        name = "a"
-        model = "llama-2-7b"
-        [[streams]]
-        source = "trace"
-        path = "{path}"
-        tenants = ["a"]
-        {FLASH}
-        [replay]
-        duration_s = 600
-    """
+    synthetic = 'source = "synthetic"\n    tenants = ["a"]\n    rate = 2.0\n    prompt_mean = 64\n    output_mean = 8'
+    text = CURVED.format(curve=FLASH, duration=600).replace(synthetic, f'source = "trace"\n    path = "{path}"\n'
+                                                                      '    tenants = ["a"]')
+    assert 'source = "trace"' in text
     plain = scenario_trace(scenario(text.replace(FLASH, "")))
     warped = scenario_trace(scenario(text))
     assert len(warped) > len(plain)  # more of the trace fits the window
