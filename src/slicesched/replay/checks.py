@@ -92,15 +92,14 @@ def check_tenants(sc: Scenario) -> None:
     from slicesched.gmg.builder import tp_problem
     from slicesched.gmg.stages import stage_weight_bytes
     from slicesched.models.spec import model_spec
-    from slicesched.replay.deployment import build_cluster, default_replicas
+    from slicesched.replay.deployment import NoRoom, build_cluster, default_replicas
 
     cluster = build_cluster(sc)
     try:
         placed = default_replicas(sc, cluster)
-    except ValueError as e:
-        i = next(i for i, t in enumerate(sc.tenants) if f"tenant '{t.name}'" in str(e))
-        raise scenario_error(sc, ("tenants", i, "node_group" if sc.tenants[i].node_group else "replicas"),
-                             str(e)) from None
+    except NoRoom as e:
+        field = "node_group" if sc.tenants[e.tenant].node_group else "replicas"
+        raise scenario_error(sc, ("tenants", e.tenant, field), str(e)) from None
     for i, t in enumerate(sc.tenants):
         devs = [d for name, ds in placed if name == t.name for d in ds]
         dev = min((cluster.device_specs[d] for d in devs), key=lambda s: s.memory_bytes)

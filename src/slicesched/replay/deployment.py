@@ -37,22 +37,30 @@ def build_cluster(sc: Scenario) -> Cluster:
     return sc.cluster.build()
 
 
+class NoRoom(ValueError):
+    """A tenant's containers do not fit the devices left (on its node group)."""
+
+    def __init__(self, tenant: int, message: str) -> None:
+        super().__init__(message)
+        self.tenant = tenant  # its index in the scenario
+
+
 def default_replicas(sc: Scenario, cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The scenario's containers: explicit devices, else packed in order (on the tenant's node
     group, when it names one), keeping a replica (its tp x pp devices) inside one node where it
-    fits. Raises ValueError when a group has too few devices left."""
+    fits. Raises NoRoom when a group has too few devices left."""
     taken = {d for t in sc.tenants for d in (t.devices or ())}
     free = [d for d in range(cluster.num_devices) if d not in taken]
     out = []
-    for t in sc.tenants:
+    for i, t in enumerate(sc.tenants):
         if t.devices is not None:
             devs = list(t.devices)
         else:
             devs = []
             pool = free if t.node_group is None else [d for d in free if d in sc.cluster.group_devices(t.node_group)]
             if len(pool) < t.replica_devices * t.replicas:
-                raise ValueError(f"tenant '{t.name}' needs {t.replica_devices * t.replicas} devices, "
-                                 f"{len(pool)} are left" + (f" in node group '{t.node_group}'" if t.node_group else ""))
+                raise NoRoom(i, f"tenant '{t.name}' needs {t.replica_devices * t.replicas} devices, "
+                                f"{len(pool)} are left" + (f" in node group '{t.node_group}'" if t.node_group else ""))
             for _ in range(t.replicas):
                 group = _take_group(pool, t.replica_devices, cluster)
                 devs += group
