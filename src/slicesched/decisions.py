@@ -58,6 +58,18 @@ class TenantDemand:
 
 
 @dataclass(frozen=True, slots=True)
+class Provisioning:
+    """How the replicas of a deployment start (`Scheduler.provisioning`): the indices of those
+    whose weights are not loaded (`cold`: the scheduler loads them when it needs them, within what
+    the warm replicas' weights take, which alone count against the KV memory), and each replica's
+    weight in splitting a device's KV memory among the replicas on it (`kv_weights`; None: equal
+    weights, so that co-located replicas get similar token capacity)."""
+
+    cold: frozenset[int] = frozenset()
+    kv_weights: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerMove:
     """Container-granularity reallocation: the replica of `from_tenant` on `devices` drains
     (its queued requests go to the tenant's other replicas at once, running ones finish), then

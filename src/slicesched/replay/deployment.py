@@ -11,7 +11,7 @@ from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.stages import stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Cluster
 from slicesched.models.spec import ModelSpec
-from slicesched.decisions import TenantDemand
+from slicesched.decisions import Provisioning, TenantDemand
 from slicesched.traces import Trace
 
 
@@ -88,23 +88,25 @@ def _take_group(free: list[int], tp: int, cluster: Cluster) -> list[int]:
 
 
 def kv_pool_bytes(replicas: list[Replica], models: dict[str, ModelSpec], capacity: np.ndarray,
-                  utilization: float) -> list[float]:
+                  utilization: float, plan: Provisioning = Provisioning()) -> list[float]:
     """Per replica, KV-cache bytes per device: what `utilization` x memory leaves after all
-    co-located weights, split among the replicas sharing the device in proportion to their
-    KV bytes per token (so co-located tenants get similar token capacity)."""
+    co-located weights (of replicas not in `plan.cold`, whose weights come and go within
+    theirs), split among the replicas sharing the device in proportion to their KV bytes per
+    token (so co-located tenants get similar token capacity), times `plan.kv_weights`."""
     weights = np.zeros(len(capacity))
     share = np.zeros(len(capacity))
-    for r in replicas:
+    scale = plan.kv_weights or (1.0,) * len(replicas)
+    for i, r in enumerate(replicas):
         for d, w, kv in _per_device(r, models[r.tenant]):
-            weights[d] += w
-            share[d] += kv
+            weights[d] += 0.0 if i in plan.cold else w
+            share[d] += kv * scale[i]
     free = capacity * utilization - weights
     out = []
-    for r in replicas:
+    for r, k in zip(replicas, scale):
         # a pipeline replica's pool is in bytes per device of its stage with the most KV per token
         per_dev = _per_device(r, models[r.tenant])
         top = max(kv for _, _, kv in per_dev)
-        out.append(float(min(free[d] * kv / share[d] * (top / kv) for d, _, kv in per_dev)))
+        out.append(float(min(free[d] * kv * k / share[d] * (top / kv) for d, _, kv in per_dev)))
     return out
 
 

@@ -134,8 +134,10 @@ class ReplayDriver:
         self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
                                  or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline))
         self._no_decision = SchedulerDecision(0.0)  # what a home-only scheduler leaves the lane to do
-        pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization)
-        self.fleet = Fleet([self.start_replica(r, pool) for r, pool in zip(replicas, pools)])
+        plan = scheduler.provisioning(pairs)  # cold replicas: weights loaded later, by the scheduler's copies
+        pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization, plan)
+        self.fleet = Fleet([self.start_replica(r, pool, i not in plan.cold)
+                            for i, (r, pool) in enumerate(zip(replicas, pools))])
         self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
@@ -158,12 +160,12 @@ class ReplayDriver:
         """The fleet's replicas, in serving order (read-only: the fleet changes them)."""
         return self.fleet.replicas
 
-    def start_replica(self, r: Replica, kv_pool: float) -> ReplicaState:
-        """Load the replica's weights (each pipeline stage's devices only its layers') and start
-        its engine, which keeps up to pp micro-batches in flight. `kv_pool` is per device of the
-        stage with the most KV per token (`kv_pool_bytes`)."""
+    def start_replica(self, r: Replica, kv_pool: float, load: bool = True) -> ReplicaState:
+        """Load the replica's weights (each pipeline stage's devices only its layers'; not with
+        `load` False: a cold replica) and start its engine, which keeps up to pp micro-batches in
+        flight. `kv_pool` is per device of the stage with the most KV per token (`kv_pool_bytes`)."""
         m, cfg = self.models[r.tenant], self.cfg[r.tenant]
-        for devs, weights in zip(r.stages, stage_weight_bytes(m, r.tp, r.pp)):
+        for devs, weights in zip(r.stages, stage_weight_bytes(m, r.tp, r.pp) if load else ()):
             for blk in np.flatnonzero(weights).tolist():
                 for d in devs:
                     self.gmg.add_weights(r.tenant, blk, d, float(weights[blk]))
@@ -224,6 +226,9 @@ class ReplayDriver:
 
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return self.fleet.of(tenant)
+
+    def replicas_on(self, group: int) -> list[ReplicaState]:
+        return self.fleet.on_group(group)
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> RunResult:

@@ -32,6 +32,10 @@ class Fleet:
     def of(self, tenant: str) -> list[ReplicaState]:
         return [rs for rs in self.replicas if rs.replica.tenant == tenant]
 
+    def on_group(self, group: int) -> list[ReplicaState]:
+        """The replicas whose iterations run on a device group (several where models share it)."""
+        return [rs for rs in self.replicas if rs.group == group]
+
     def owner_of(self, device: int) -> ReplicaState | None:
         """The (non-guest) replica whose container holds `device`."""
         return next((rs for rs in self.replicas if not rs.guest and device in rs.replica.devices), None)

@@ -64,12 +64,13 @@ first). SliceScheduler serves with them too, so its margin over a `+slo` baselin
 operator-level placement adds."""
 
 
-def with_slo_rules(base: type[Scheduler], *aliases: str) -> type[Scheduler]:
-    """Register `<base>+slo`: `base`'s placements with the `SLO_RULES` (and nothing else changed)."""
+def with_slo_rules(base: type[Scheduler], *aliases: str, rules: Mapping[str, object] = SLO_RULES) -> type[Scheduler]:
+    """Register `<base>+slo`: `base`'s placements with the `SLO_RULES` (or the subset `rules`,
+    where the base already has its own of the others), and nothing else changed."""
     name = f"{base.name}+slo"
     cls = type(f"{base.__name__}WithSLORules", (base,), {
-        "name": name, **SLO_RULES, "__module__": __name__,
-        "__doc__": f"`{base.name}` with the published serving rules (`SLO_RULES`)."})
+        "name": name, **rules, "__module__": base.__module__,
+        "__doc__": f"`{base.name}` with the published serving rules ({', '.join(rules)}: `SLO_RULES`)."})
     for n in (name, *aliases):
         SCHEDULERS.register(n)(cls)
     return cls
@@ -81,12 +82,12 @@ DedicatedSLOAwareScheduler = with_slo_rules(DedicatedScheduler, "dedicated-slo-a
 Replicas = tuple[tuple[str, tuple[int, ...]], ...]
 
 
-def _tp_ok(model: str, tp: int) -> bool:
+def tp_ok(model: str, tp: int) -> bool:
     m = model_spec(model)
     return m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0
 
 
-def _least(per_device: float | np.ndarray, devices: tuple[int, ...]) -> float:
+def least_of(per_device: float | np.ndarray, devices: tuple[int, ...]) -> float:
     """The smallest of a per-device figure over some devices (a scalar: the same everywhere)."""
     if np.ndim(per_device) == 0:
         return float(per_device)
@@ -209,7 +210,7 @@ class TemporalMuxScheduler(Scheduler):
 
     def _share(self, tenant: str, d: TenantDemand, devices: tuple[int, ...]) -> _Share | None:
         """The replica's predicted use of `devices` (None: the model cannot shard over them)."""
-        if tenant not in self.models or not _tp_ok(self.models[tenant], len(devices)):
+        if tenant not in self.models or not tp_ok(self.models[tenant], len(devices)):
             return None
         m, tp = model_spec(self.models[tenant]), len(devices)
         device = self.device
@@ -240,7 +241,7 @@ class TemporalMuxScheduler(Scheduler):
             return None
         tp = len(devices)
         ma, mb = model_spec(self.models[a]), model_spec(self.models[b])
-        usable = _least(self.capacity, devices) * self.utilization
+        usable = least_of(self.capacity, devices) * self.utilization
         w = sum(float(block_weight_bytes(m, tp).sum()) for m in (ma, mb))
         if w > (1 - self.min_kv_frac) * usable:
             return None
@@ -407,9 +408,9 @@ class ReallocScheduler(Scheduler):
         if tenant not in self.models:
             return True  # unknown model (tests): any container
         model = self.models[tenant]
-        if not _tp_ok(model, len(devices)):
+        if not tp_ok(model, len(devices)):
             return False
-        room = (1 - self.cfg.min_kv_frac) * _least(self.usable, devices)
+        room = (1 - self.cfg.min_kv_frac) * least_of(self.usable, devices)
         return float(block_weight_bytes(model_spec(model), len(devices)).sum()) <= room
 
 

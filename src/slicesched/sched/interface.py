@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from slicesched.decisions import (ContainerMove, Completions, GuestStart, GuestStop, OOMEvent,  # noqa: F401
-                                 ReplicaLoad, SchedulerDecision, ShardLease, ShardRelease, ShardStage,
+                                 Provisioning, ReplicaLoad, SchedulerDecision, ShardLease, ShardRelease, ShardStage,
                                  SliceCompletion, SlicePlacement, StepInputs, StepOutcome, TenantDemand, WeightCopy,
                                  WeightEviction)  # re-exported: schedulers import them from here
 from slicesched.registry import Registry
@@ -87,6 +87,11 @@ class RoutedReplica(Protocol):
     @property
     def engine(self) -> "TenantEngine": ...
 
+    @property
+    def group(self) -> int:
+        """The device group its iterations run on (its home in the GMG)."""
+        ...
+
 
 class RoutingView(Protocol):
     """What a routing policy may ask the driver of the run."""
@@ -128,7 +133,7 @@ class Scheduler(ABC):
     """A placement policy. Subclasses register with `@SCHEDULERS.register(name)`."""
 
     name: ClassVar[str] = ""
-    routing: ClassVar[Routing] = LeastLoaded()
+    routing: Routing = LeastLoaded()  # a class attribute, or one per instance where it reads the scheduler's state
     batching: ClassVar[Batching] = FixedBudget()
     admission: ClassVar[Admission] = FCFS()
     #: The run's cost model (`price_with`): what the scheduler prices iterations and transfers
@@ -172,6 +177,12 @@ class Scheduler(ABC):
         replicas to serve with. Container-granularity baselines change the packing here (e.g.
         load-aware co-location); the default keeps it."""
         return default
+
+    def provisioning(self, replicas: tuple[tuple[str, tuple[int, ...]], ...]) -> Provisioning:
+        """How `deployment`'s replicas start: which load no weights (a scheduler that switches
+        models on a device loads them when it needs them) and how a device's KV memory is split
+        among the replicas on it. Default: every replica loaded, equal token capacity."""
+        return Provisioning()
 
     def wants_every_slice(self) -> bool:
         """Asked by the driver before each step: True if `schedule` must run after every slice

@@ -19,15 +19,11 @@ import numpy as np
 from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.models.spec import model_spec
+from slicesched.sched.baselines import tp_ok
 from slicesched.sched.interface import (GuestStart, GuestStop, ReplicaLoad, SchedulerDecision, ShardLease, ShardRelease,
                                         ShardStage)
 
 _DONE = int(SliceState.DONE)
-
-
-def _tp_ok(model: str, tp: int) -> bool:
-    m = model_spec(model)
-    return m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0
 
 
 def _pool_bytes(r: ReplicaLoad) -> float:
@@ -183,7 +179,7 @@ class LendingMixin:
                     or not taken.isdisjoint(r.devices)):  # a lender never borrows
                 continue
             tp = len(r.devices)
-            if not _tp_ok(self.models[r.tenant], 2 * tp):
+            if not tp_ok(self.models[r.tenant], 2 * tp):
                 continue
             if self._budget_spent():
                 break
