@@ -2,7 +2,8 @@
 
 Prints, per scenario, each scheduler's capacity (rate scale at <= 9% violations, mean over 3
 seeds) with the bracket it lies in and its per-seed spread, the roofline bound, the best
-baseline (of every baseline with and without the `+slo` serving rules),
+baseline (of every baseline, Aegaeon's token-level model switching included, with and without
+the `+slo` serving rules),
 `capacity_ratio_<scenario>: <slicesched capacity / best baseline capacity> x` and
 `capacity_ratio_vs_dedicated+slo_<scenario>` (what operator-level placement adds alone), so
 progress can be followed from one change to the next. Real-trace scenarios need ../shared
@@ -35,7 +36,8 @@ SCENARIOS = {
     "mooncake_conversation": ROOT / "scenarios/mooncake_conversation.toml",
     "servegen_m_large": ROOT / "scenarios/servegen_m_large.toml",
 }
-SCHEDULERS = ("dedicated", "dedicated+slo", "temporal-mux", "temporal-mux+slo", "realloc", "realloc+slo", "slicesched")
+SCHEDULERS = ("dedicated", "dedicated+slo", "temporal-mux", "temporal-mux+slo", "realloc", "realloc+slo", "aegaeon",
+              "aegaeon+slo", "slicesched")
 SAME_RULES = "dedicated+slo"  # SliceScheduler's serving rules, no operator-level placement
 WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, bracketing from x1 + 3 bisections
 JOBS = int(os.environ.get("BENCH_JOBS", "2"))
@@ -80,7 +82,7 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], help="default: all")
-    ap.add_argument("-s", "--scheduler", action="append", help="default: all seven")
+    ap.add_argument("-s", "--scheduler", action="append", help="default: all nine")
     args = ap.parse_args(argv)
     for name in args.scenarios or list(SCENARIOS):
         measure(name, SCENARIOS[name], tuple(args.scheduler or SCHEDULERS))

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from slicesched.cli import app
-from slicesched.config.scenario import (DiurnalCurve, FlashCurve, ReallocConfig, ReplayConfig, Scenario,
+from slicesched.config.scenario import (AegaeonConfig, DiurnalCurve, FlashCurve, ReallocConfig, ReplayConfig, Scenario,
                                         ServeGenStream, SliceSchedConfig, SyntheticStream, TenantConfig,
                                         TraceStream, ClusterConfig, NodeGroup)
 
@@ -113,6 +113,8 @@ def scenario_with(model: type[BaseModel], line: str) -> str:
         parts["schedulers"] = "[schedulers.realloc]\n" + line
     elif model is SliceSchedConfig:
         parts["schedulers"] = "[schedulers.slicesched]\n" + line
+    elif model is AegaeonConfig:
+        parts["schedulers"] = "[schedulers.aegaeon]\n" + line
     else:
         raise AssertionError(f"no place in the base scenario for {model.__name__}")
     text = BASE.format(**parts)

@@ -1,14 +1,18 @@
-"""The container-granularity baselines in whole replays: load-aware co-location, and an
-autoscaler that moves containers (and scales idle tenants to zero and back)."""
+"""The baselines in whole replays: load-aware co-location, an autoscaler that moves containers
+(and scales idle tenants to zero and back), and token-level model switching (Aegaeon)."""
 
 from pathlib import Path
 
 from slicesched.config import load_scenario
+from slicesched.cost import make_cost_model
+from slicesched.gmg.builder import block_weight_bytes
+from slicesched.models.spec import model_spec
 from slicesched.replay.driver import ReplayDriver
-from slicesched.replay.experiment import RunSpec, run_one
+from slicesched.replay.experiment import RunSpec, isolated_slas, run_one
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
-from slicesched.serving import RequestState
+from slicesched.sched.aegaeon import AegaeonScheduler
+from slicesched.serving import RequestState, count_violations
 from scenario_helpers import scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,6 +77,12 @@ def _csv(path, rows):
     return path
 
 
+def _trace_streams(**paths) -> str:
+    """One trace stream per tenant (name = path), as scenario TOML at the indentation of the tests'."""
+    return "\n        ".join(f'[[streams]]\n        source = "trace"\n        path = "{p}"\n        tenants = ["{t}"]'
+                              for t, p in paths.items())
+
+
 def test_realloc_scales_an_idle_tenant_to_zero_and_back_on_its_next_request(tmp_path):
     busy = _csv(tmp_path / "busy.csv", [(0.2 * i, 256, 200) for i in range(75)])  # 5 rps for 15 s
     sleepy = _csv(tmp_path / "sleepy.csv", [(0.5, 128, 16), (12.0, 128, 16)])
@@ -85,14 +95,7 @@ def test_realloc_scales_an_idle_tenant_to_zero_and_back_on_its_next_request(tmp_
         [[tenants]]
         name = "sleepy"
         model = "qwen2.5-1.5b"
-        [[streams]]
-        source = "trace"
-        path = "{busy}"
-        tenants = ["busy"]
-        [[streams]]
-        source = "trace"
-        path = "{sleepy}"
-        tenants = ["sleepy"]
+        {_trace_streams(busy=busy, sleepy=sleepy)}
         [replay]
         duration_s = 15
         drain_s = 30
@@ -107,3 +110,56 @@ def test_realloc_scales_an_idle_tenant_to_zero_and_back_on_its_next_request(tmp_
     assert res.stats.container_moves >= 2  # sleepy's GPU to busy, then one back to sleepy
     assert all(r.state is RequestState.FINISHED for r in res.requests)
     assert late.first_token_s - late.arrival_s >= sc.schedulers.realloc.warmup_s  # paid a cold start
+
+
+def slas_of(sc):
+    return isolated_slas(sc, make_cost_model("roofline"))
+
+
+class _OneGPU(AegaeonScheduler):
+    """`aegaeon` with every tenant's container on device 0: one pooled instance (a scenario may
+    not list one device for two tenants)."""
+
+    def deployment(self, default, demand=None):
+        return super().deployment(tuple((t, (0,)) for t, _ in default), demand)
+
+
+def test_aegaeon_serves_alternating_bursts_of_two_models_on_one_gpu_paying_each_switch(tmp_path):
+    bursts = {"a": [0.0, 4.0, 8.0], "b": [2.0, 6.0, 10.0]}  # five requests each, 0.1 s apart
+    paths = {t: _csv(tmp_path / f"{t}.csv", [(s + 0.1 * i, 256, 24) for s in starts for i in range(5)])
+             for t, starts in bursts.items()}
+    sc = scenario(f"""
+        [cluster]
+        devices_per_node = 2
+        [[tenants]]
+        name = "a"
+        model = "llama-2-7b"
+        ttft_slo_s = 1.0
+        tpot_slo_s = 0.1
+        [[tenants]]
+        name = "b"
+        model = "qwen2.5-1.5b"
+        ttft_slo_s = 1.0
+        tpot_slo_s = 0.1
+        {_trace_streams(**paths)}
+        [replay]
+        duration_s = 12
+        [schedulers.aegaeon]
+        weight_slots = 1
+    """)
+    sched = _OneGPU.from_scenario(sc)
+    res = ReplayDriver(sc, sched, scenario_trace(sc), slas=slas_of(sc)).run()
+    report = res.stats.scheduler_report
+    assert all(r.state is RequestState.FINISHED for r in res.requests)
+    assert count_violations(res.requests, res.slas, res.makespan_s) == 0  # within SLO at low load
+    # b's model starts cold (one slot: the larger, a's, is loaded), so every burst of b, and every
+    # burst of a after one of b, switches the model and loads its weights from host memory
+    assert report["aegaeon_switches"] == 5 and report["aegaeon_switches_paid"] == 5
+    assert report["aegaeon_weight_loads"] == 5 and report["aegaeon_prefetches"] == 0
+    gb = {t: float(block_weight_bytes(model_spec(m), 1).sum()) / 1e9
+          for t, m in (("a", "llama-2-7b"), ("b", "qwen2.5-1.5b"))}
+    assert abs(report["aegaeon_weight_gb_loaded"] - (3 * gb["b"] + 2 * gb["a"])) < 1e-6
+    pcie = sc.cluster.build().host_link(0).bandwidth / 1e9
+    for r in res.requests:  # the first request of each burst waited for its model's weights
+        if r.arrival_s > 1.0 and round(r.arrival_s, 3) in {2.0, 4.0, 6.0, 8.0, 10.0}:
+            assert r.first_token_s - r.arrival_s >= gb[r.tenant] / pcie

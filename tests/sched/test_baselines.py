@@ -192,6 +192,16 @@ def test_the_slo_rules_baselines_make_their_bases_placements():
     assert _run_checks(r_slo, 5.0) == _run_checks(r, 5.0) != []
 
 
+def test_aegaeon_with_the_slo_rules_keeps_its_own_pool_routing_and_takes_the_other_rules():
+    from slicesched.sched.aegaeon import PoolRouting
+    from slicesched.sched.baselines import SLO_RULES
+
+    plain, slo = SCHEDULERS.get("aegaeon"), SCHEDULERS.get("aegaeon+slo")
+    assert issubclass(slo, plain) and {k for k in vars(slo) if not k.startswith("_")} == {"name", "batching", "admission"}
+    assert slo.batching is SLO_RULES["batching"] and slo.admission is SLO_RULES["admission"]
+    assert isinstance(slo().routing, PoolRouting) and isinstance(plain().routing, PoolRouting)
+
+
 def test_the_old_name_of_dedicated_with_the_slo_rules_still_works():
     assert SCHEDULERS.get("dedicated-slo-aware") is SCHEDULERS.get("dedicated+slo")
 

@@ -339,6 +339,28 @@ class ReallocConfig(_Strict):
                                "leave this share of usable memory for KV cache")
 
 
+class AegaeonConfig(_Strict):
+    """The `aegaeon` baseline (`[schedulers.aegaeon]`): token-level model switching on pooled
+    instances. Every cost a switch pays is named here or comes from the cluster: the weights load
+    from a host-memory cache of every model over each device's own host link (PCIe: the node's
+    `host_link`), the KV cache of a switched-out model stays in device memory (nothing moved),
+    and the engine is reused (Aegaeon's component reuse: no re-initialisation cost, counted as
+    zero, in the baseline's favour)."""
+
+    weight_slots: int = Field(2, ge=1, le=64, description="models whose weights an instance keeps resident at "
+                              "once (2: the active model and the next one, prefetched); fewer where they would "
+                              "leave less than min_kv_frac for KV cache")
+    prefetch: bool = Field(True, description="load the next model of the decode round while the current one runs, "
+                           "where a slot is free (Aegaeon's weight prefetch)")
+    tpot_headroom: float = Field(0.9, gt=0, le=1, description="share of each model's TPOT SLO one decode round "
+                                 "(every model's turn plus the switches between them) may take; it sizes the "
+                                 "weighted round-robin quotas")
+    min_kv_frac: float = Field(0.2, ge=0, lt=1, description="an instance's weight area leaves this share of usable "
+                               "memory for the KV cache of every model it serves")
+    max_group_size: int = Field(8, ge=1, le=MAX_SEQS, description="waiting requests of one model an arrival may "
+                                "join on an instance (grouped first come first served: one switch serves the group)")
+
+
 class SliceSchedConfig(_Strict):
     """SliceScheduler's settings: one default for every scenario (never tuned to one); a scenario may
     override them in a `[schedulers.slicesched]` table."""
@@ -401,6 +423,7 @@ class SchedulersConfig(_Strict):
     """Per-scheduler settings (`[schedulers.<name>]`)."""
 
     realloc: ReallocConfig = ReallocConfig()
+    aegaeon: AegaeonConfig = AegaeonConfig()
     slicesched: SliceSchedConfig = SliceSchedConfig()
 
 

@@ -1,5 +1,6 @@
 """Schedulers behind one two-phase interface, and the registry that names them."""
 
+from slicesched.sched import aegaeon as _aegaeon  # noqa: F401  (registers the Aegaeon baseline)
 from slicesched.sched import baselines as _baselines  # noqa: F401  (registers the baselines)
 from slicesched.sched import slicesched as _slicesched  # noqa: F401  (registers SliceScheduler)
 from slicesched.sched.interface import (SCHEDULERS, Admission, Backend, Batching, ContainerMove, GuestStart, GuestStop,
