@@ -414,3 +414,13 @@ def test_a_scenario_name_never_leads_the_default_output_out_of_runs(tiny, tiny_s
 def test_a_batch_tenant_without_a_deadline_is_one_line(tiny, tiny_scenario_toml):
     p = tiny(tiny_scenario_toml.replace('model = "qwen2.5-1.5b"', 'model = "qwen2.5-1.5b"\nslo_class = "batch"', 1))
     one_line_error(runner.invoke(app, ["validate", str(p)]), "tenants[0]", "deadline_s")
+
+
+def test_output_piped_to_a_reader_that_stops_early_ends_quietly_not_as_a_bug():
+    # `slicesched models | head -1`: the reader is gone before the command writes
+    p = subprocess.Popen([sys.executable, "-m", "slicesched.cli", "models"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    _, err = p.communicate(timeout=120)
+    assert "internal error" not in err and "Traceback" not in err
+    assert p.returncode == 1  # click's exit for a closed pipe

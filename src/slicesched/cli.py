@@ -52,7 +52,7 @@ class _OneLineErrors(TyperGroup):
         except KeyboardInterrupt:
             typer.echo("interrupted: stopped the run; no output was written", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        except ClickException:
+        except (ClickException, BrokenPipeError):  # click ends quietly when the reader left (`| head`)
             raise
         except Exception as e:  # noqa: BLE001 - anything else is a bug, reported once with its traceback saved
             path = _save_traceback(e)
