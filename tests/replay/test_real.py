@@ -64,7 +64,7 @@ def _mismatches(requests, eager) -> list[int]:
             if tuple(r.output_ids or ()) != greedy_reference(eager[r.tenant], r.prompt_ids, r.num_generated)]
 
 
-@pytest.mark.parametrize("scheduler", ["dedicated", "slicesched"])
+@pytest.mark.parametrize("scheduler", ["dedicated", "slicesched", "aegaeon"])
 def test_two_tenants_get_the_tokens_of_eager_greedy_generation_request_for_request(setup, eager, scheduler):
     res = serve(setup, scheduler).result
     assert {r.tenant for r in res.requests} == {"a", "b"} and len(res.requests) >= 6
@@ -140,3 +140,10 @@ def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(set
 def test_a_scheduler_merging_replicas_onto_multi_device_groups_is_refused_in_one_line(setup):
     with pytest.raises(InputError, match="multi-device groups"):
         serve(setup, "temporal-mux")
+
+
+def test_a_scheduler_starting_replicas_without_weights_is_refused_in_one_line(tmp_path):
+    # one weight slot: each device holds its own tenant's model, the other tenant's replica starts cold
+    one_slot = real_setup(scenario(TWO + "\n    [schedulers.aegaeon]\n    weight_slots = 1\n"), tmp_path)
+    with pytest.raises(InputError, match=r"under aegaeon, a, b would start without weights .* host memory"):
+        serve(one_slot, "aegaeon")

@@ -134,7 +134,7 @@ class ReplayDriver:
         self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
                                  or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline))
         self._no_decision = SchedulerDecision(0.0)  # what a home-only scheduler leaves the lane to do
-        plan = scheduler.provisioning(pairs)  # cold replicas: weights loaded later, by the scheduler's copies
+        plan = self.provisioning = scheduler.provisioning(pairs)  # cold: weights loaded later, by its copies
         pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization, plan)
         self.fleet = Fleet([self.start_replica(r, pool, i not in plan.cold)
                             for i, (r, pool) in enumerate(zip(replicas, pools))])

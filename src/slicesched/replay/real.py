@@ -150,6 +150,10 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         if wide:  # the executor runs single-device groups only (tensor parallelism is not executed yet)
             raise InputError(f"under {scheduler}, {', '.join(wide)} would run on multi-device groups "
                              "(tensor parallel or merged replicas), which the executor does not run yet")
+        if driver.provisioning.cold:  # its weights would come from host memory, which the executor does not load yet
+            cold = sorted({driver.replicas[i].replica.tenant for i in driver.provisioning.cold})
+            raise InputError(f"under {scheduler}, {', '.join(cold)} would start without weights on some devices and "
+                             "load them from host memory when needed, which the executor does not run yet")
         res = driver.run()
     finally:
         torch.set_num_threads(threads)
