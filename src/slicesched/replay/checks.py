@@ -14,10 +14,15 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slicesched.config.scenario import (MAX_DURATION_S, MAX_RATE_SCALE, Scenario, SyntheticStream,
                                         TraceStream, scenario_error)
 from slicesched.errors import InputError
+
+if TYPE_CHECKING:
+    from slicesched.hardware.specs import DeviceSpec
+    from slicesched.models.spec import ModelSpec
 
 #: Most requests one run may generate (per rate scale, all streams); beyond it memory explodes.
 MAX_REQUESTS = 20_000_000
@@ -90,7 +95,6 @@ def check_tenants(sc: Scenario) -> None:
     placeable (on their node group), weights and one full-context request within the memory share
     of the smallest device a container holds."""
     from slicesched.gmg.builder import tp_problem
-    from slicesched.gmg.stages import stage_weight_bytes
     from slicesched.models.spec import model_spec
     from slicesched.replay.deployment import NoRoom, build_cluster, default_replicas
 
@@ -103,7 +107,6 @@ def check_tenants(sc: Scenario) -> None:
     for i, t in enumerate(sc.tenants):
         devs = [d for name, ds in placed if name == t.name for d in ds]
         dev = min((cluster.device_specs[d] for d in devs), key=lambda s: s.memory_bytes)
-        budget = dev.memory_bytes * sc.replay.gpu_memory_utilization
         try:
             m = model_spec(t.model)
         except InputError as e:
@@ -115,23 +118,30 @@ def check_tenants(sc: Scenario) -> None:
             raise scenario_error(sc, ("tenants", i, "tp"), problem)
         if t.pp > m.layers:
             raise scenario_error(sc, ("tenants", i, "pp"), f"{m.name} has {m.layers} layers, fewer than pp={t.pp} stages")
-        weights = max(float(w.sum()) for w in stage_weight_bytes(m, t.tp, t.pp))
-        # one request at the model's full context: its KV cache, per device of a stage
-        kv = m.kv_bytes_per_token() * (m.max_context or 0) / (t.tp * t.pp)
-        if weights < budget <= weights + kv:
-            raise scenario_error(
-                sc, ("tenants", i, "tp"),
-                f"tenant '{t.name}': {m.name} needs {weights / 1e9:.1f} GB of weights and {kv / 1e9:.1f} GB of KV "
-                f"cache for one request at its full context ({m.max_context:,} tokens) per device, but a "
-                f"{dev.name} gives {budget / 1e9:.1f} GB (gpu_memory_utilization "
-                f"{sc.replay.gpu_memory_utilization:g}); raise tp or pp or use a larger device")
-        if weights >= budget:
-            at = f"tp={t.tp}" + (f" x pp={t.pp}" if t.pp > 1 else "")
-            raise scenario_error(
-                sc, ("tenants", i, "tp"),
-                f"tenant '{t.name}': {m.name} needs {weights / 1e9:.1f} GB of weights per device at {at}, but a "
+        problem = fit_problem(t.name, m, t.tp, t.pp, dev, sc.replay.gpu_memory_utilization)
+        if problem:
+            raise scenario_error(sc, ("tenants", i, "tp"), problem)
+
+
+def fit_problem(tenant: str, m: "ModelSpec", tp: int, pp: int, dev: "DeviceSpec", utilization: float) -> str | None:
+    """Why a container of `m` at tp x pp on `dev` devices cannot serve (its weights and the KV
+    cache of one request at the model's full context must fit each device's memory share), or None."""
+    from slicesched.gmg.stages import stage_weight_bytes
+
+    budget = dev.memory_bytes * utilization
+    weights = max(float(w.sum()) for w in stage_weight_bytes(m, tp, pp))
+    kv = m.kv_bytes_per_token() * (m.max_context or 0) / (tp * pp)  # one full-context request, per device
+    if weights >= budget:
+        at = f"tp={tp}" + (f" x pp={pp}" if pp > 1 else "")
+        return (f"tenant '{tenant}': {m.name} needs {weights / 1e9:.1f} GB of weights per device at {at}, but a "
                 f"{dev.name} gives {budget / 1e9:.1f} GB to weights and KV cache (gpu_memory_utilization "
-                f"{sc.replay.gpu_memory_utilization:g}); raise tp or pp or use a larger device")
+                f"{utilization:g}); raise tp or pp or use a larger device")
+    if budget <= weights + kv:
+        return (f"tenant '{tenant}': {m.name} needs {weights / 1e9:.1f} GB of weights and {kv / 1e9:.1f} GB of KV "
+                f"cache for one request at its full context ({m.max_context:,} tokens) per device, but a "
+                f"{dev.name} gives {budget / 1e9:.1f} GB (gpu_memory_utilization {utilization:g}); raise tp or "
+                "pp or use a larger device")
+    return None
 
 
 def check_workload(sc: Scenario, scales: Sequence[float], duration_s: float | None,
