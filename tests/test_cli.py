@@ -424,3 +424,31 @@ def test_output_piped_to_a_reader_that_stops_early_ends_quietly_not_as_a_bug():
     _, err = p.communicate(timeout=120)
     assert "internal error" not in err and "Traceback" not in err
     assert p.returncode == 1  # click's exit for a closed pipe
+
+
+def plan_cli(*args: str):
+    return runner.invoke(app, ["plan", *map(str, args), "--jobs", "1", "--duration", "1", "--seeds", "1"])
+
+
+def test_plan_prints_the_fewest_gpus_per_scheduler_and_writes_its_table_csv_and_plot(tiny, tmp_path):
+    out = tmp_path / "plan"
+    r = plan_cli(tiny(), "-s", "temporal-mux", "--growth", "1,2", "--out", out, "--cache", tmp_path / "cache")
+    assert r.exit_code == 0, r.output
+    assert "fewest GPUs at SLA" in r.stdout and "method:" in r.stdout
+    summary = pd.read_csv(out / "plan_summary.csv")
+    assert list(summary.scheduler) == ["dedicated", "temporal-mux"] * 2  # dedicated always, for the saving
+    assert list(summary.growth) == [1.0, 1.0, 2.0, 2.0] and (summary.gpus >= 2).all()
+    probes = pd.read_csv(out / "plan.csv")
+    assert probes.answer.sum() == 4 and (out / "plan.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, field", [(("--growth", "1,x"), "--growth"), (("--growth", "0"), "--growth"),
+                                         (("--device", "B300"), "--device"), (("-s", "nope"), "nope")])
+def test_plan_refuses_bad_options_in_one_line(tiny, tmp_path, args, field):
+    one_line_error(plan_cli(tiny(), *args, "--out", tmp_path / "o", "--cache", tmp_path / "c"), field)
+    assert not (tmp_path / "c").exists()  # refused before anything ran
+
+
+def test_a_price_out_of_range_is_one_line_naming_it(tiny, tiny_scenario_toml):
+    r = runner.invoke(app, ["validate", str(tiny(tiny_scenario_toml + '[plan]\nprice_per_gpu_hour = {"A40" = -1}\n'))])
+    one_line_error(r, "price_per_gpu_hour")

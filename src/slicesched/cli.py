@@ -9,6 +9,7 @@ traceback, exit status 1. Ctrl-C stops the run, removes partial output, exit sta
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import sys
 import tempfile
@@ -249,6 +250,66 @@ def _capacity_search(sc, names: list[str], duration, settings, jobs: int, ray_ad
     bound = roofline_bound(sc, duration, settings.seeds)
     print_capacity(capacity_table(results, bound), f"{title}: capacity at SLA")
     return lambda folder: write_capacity(folder, results, bound, plots)
+
+
+@app.command()
+def plan(
+    scenario: Optional[Path] = typer.Argument(None, help="scenario TOML file; default: the built-in scenario"),
+    scheduler: Optional[list[str]] = typer.Option(None, "--scheduler", "-s",
+                                                  help="scheduler(s); default: the scenario's (dedicated always)"),
+    device: Optional[list[str]] = typer.Option(None, help="device type(s) offered; default: the scenario's "
+                                               "(each type of a mixed fleet)"),
+    growth: str = typer.Option("1", help="traffic multiples to plan for, comma-separated (e.g. 1,1.5,2,3)"),
+    duration: Optional[float] = typer.Option(None, help="seconds of arrivals per replay (overrides the scenario)"),
+    seeds: int = typer.Option(3, min=1, max=100, help="samples of the scenario per layout (seed, seed+1, ...)"),
+    out: Optional[Path] = typer.Option(None, help="output folder; default runs/<scenario name>-plan"),
+    cache: Path = typer.Option(Path("runs") / "plan-cache", help="replays of layouts, reused by later plans"),
+    jobs: int = typer.Option(2, help="parallel worker processes"),
+    plots: bool = typer.Option(True, help="write plan.png"),
+    force: bool = typer.Option(False, "--force", help="replace --out if it holds an earlier run's output"),
+) -> None:
+    """The fewest GPUs, and their layout, that serve the scenario's traffic (x each growth) at its SLAs."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from slicesched.config import load_scenario
+    from slicesched.config.scenario import file_name
+    from slicesched.hardware.specs import DEVICES
+    from slicesched.replay.checks import check_out, check_run_options, check_scenario
+    from slicesched.replay.plan import METHOD, PlanSettings, ProbeCache, plan as plan_one
+    from slicesched.replay.plan_report import layout_text, plan_table, print_plan, write_plan
+
+    try:
+        multiples = [float(g) for g in growth.split(",")]
+    except ValueError:
+        raise InputError(f"'{growth}' is not a comma-separated list of numbers", field="--growth") from None
+    if not all(math.isfinite(g) and 0 < g <= 1000 for g in multiples):
+        raise InputError(f"growth multiples must lie in (0, 1000], got {growth}", field="--growth")
+    check_run_options(duration_s=duration, jobs=jobs)
+    sc = load_scenario(scenario or builtin_scenario_path())
+    names = list(dict.fromkeys(["dedicated", *(scheduler or sc.replay.schedulers)]))
+    devices = list(device or dict.fromkeys(g.device for g in sc.cluster.groups()))
+    for d in devices:
+        if d not in DEVICES:
+            raise InputError(f"unknown device '{d}'; known: {', '.join(DEVICES)}", field="--device")
+    out = out or Path("runs") / f"{file_name(sc.name)}-plan"
+    check_out(out, force)
+    check_scenario(sc, schedulers=names, duration_s=duration)
+    settings = PlanSettings(tuple(range(sc.seed, sc.seed + seeds)), duration_s=duration)
+    probes = ProbeCache(cache)
+    results = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("planning")
+        for d in devices:
+            for g in multiples:
+                for n in names:
+                    bar.update(task, description=f"{n} on {d} x{g:g}")
+                    results.append(plan_one(sc, n, d, g, settings, probes, jobs, on_probe=lambda p, n=n, d=d, g=g: bar.update(
+                        task, description=f"{n} on {d} x{g:g}: {p.gpus} GPUs ({layout_text(p.layout)}) "
+                                          f"{p.violation:.1%} violations")))
+    print_plan(plan_table(results), f"{sc.name}: fewest GPUs at SLA", sc.plan.max_gpus)
+    typer.echo(f"method: {METHOD}")
+    written = write_plan(out, results, plots)
+    typer.echo(f"wrote {out}/ ({', '.join(written)})")
 
 
 @app.command()

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from slicesched.cli import app
-from slicesched.config.scenario import (AegaeonConfig, DiurnalCurve, FlashCurve, ReallocConfig, ReplayConfig, Scenario,
+from slicesched.config.scenario import (AegaeonConfig, DiurnalCurve, PlanConfig, FlashCurve, ReallocConfig, ReplayConfig, Scenario,
                                         ServeGenStream, SliceSchedConfig, SyntheticStream, TenantConfig,
                                         TraceStream, ClusterConfig, NodeGroup)
 
@@ -115,6 +115,8 @@ def scenario_with(model: type[BaseModel], line: str) -> str:
         parts["schedulers"] = "[schedulers.slicesched]\n" + line
     elif model is AegaeonConfig:
         parts["schedulers"] = "[schedulers.aegaeon]\n" + line
+    elif model is PlanConfig:
+        parts["schedulers"] = "[plan]\n" + line
     else:
         raise AssertionError(f"no place in the base scenario for {model.__name__}")
     text = BASE.format(**parts)

@@ -419,6 +419,26 @@ class SliceSchedConfig(_Strict):
                                   "has had no request for this long")
 
 
+PRICE_PER_GPU_HOUR = {"H100-80GB": 3.00, "H200-141GB": 3.80, "A100-80GB": 1.80, "A100-40GB": 1.30, "L40S": 1.00,
+                      "A40": 0.60, "cpu": 0.0}
+"""Default USD per GPU-hour of each device type: round figures of 2025 on-demand list prices at
+GPU clouds (hyperscalers charge more, reservations less); a scenario sets its own in `[plan]`."""
+
+
+class PlanConfig(_Strict):
+    """`slicesched plan` (`[plan]`): what a GPU costs and how far the search may go."""
+
+    price_per_gpu_hour: dict[DeviceName, Annotated[float, Field(ge=0, le=1000)]] = Field(
+        default_factory=dict, description="USD per GPU-hour by device type (0-1000), over the defaults "
+        "(PRICE_PER_GPU_HOUR: H100-80GB 3.00, H200-141GB 3.80, A100-80GB 1.80, A100-40GB 1.30, L40S 1.00, A40 0.60)")
+    max_gpus: int = Field(256, ge=1, le=4096, description="the largest fleet (GPUs) the planner tries")
+    layouts_per_size: int = Field(4, ge=1, le=64, description="candidate layouts replayed at each fleet size "
+                                  "(the one closest to the forecast's work shares first)")
+
+    def price(self, device: str) -> float:
+        return self.price_per_gpu_hour.get(device, PRICE_PER_GPU_HOUR.get(device, 0.0))
+
+
 class SchedulersConfig(_Strict):
     """Per-scheduler settings (`[schedulers.<name>]`)."""
 
@@ -436,6 +456,7 @@ class Scenario(_Strict):
     streams: tuple[Stream, ...] = Field(min_length=1)
     replay: ReplayConfig = ReplayConfig()
     schedulers: SchedulersConfig = SchedulersConfig()
+    plan: PlanConfig = PlanConfig()
     source_path: str | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
