@@ -88,12 +88,19 @@ class PlanSettings:
     duration_s: float | None = None  # arrival window; None: the scenario's
 
 
+def node_shape(sc: Scenario, device: str) -> tuple[int, str]:
+    """(devices per node, intra-node link) of the scenario's servers of `device` (of its first node
+    group of that type in a mixed fleet; else the cluster's own)."""
+    g = next((g for g in sc.cluster.node_groups if g.device == device), None)
+    return (g.devices_per_node, g.intra_link) if g else (sc.cluster.devices_per_node, sc.cluster.intra_link)
+
+
 def smallest_tp(sc: Scenario, tenant: int, device: str) -> int | None:
     """The tenant's smallest power-of-two tp (up to a node's devices) that shards and fits `device`."""
     t, dev = sc.tenants[tenant], device_spec(device)
     m = model_spec(t.model)
     tp = 1
-    while tp <= sc.cluster.devices_per_node:
+    while tp <= node_shape(sc, device)[0]:
         if not tp_problem(m, tp) and not fit_problem(t.name, m, tp, t.pp, dev, sc.replay.gpu_memory_utilization):
             return tp
         tp *= 2
@@ -102,9 +109,10 @@ def smallest_tp(sc: Scenario, tenant: int, device: str) -> int | None:
 
 def layout_scenario(sc: Scenario, layout: Layout, device: str) -> Scenario:
     """The scenario served by `layout` on a fleet of its GPUs of `device` (nodes of the scenario's size)."""
-    per_node = sc.cluster.devices_per_node
+    per_node, link = node_shape(sc, device)
     gpus = sum(tp * sc.tenants[i].pp * r for i, (_, tp, r) in enumerate(layout))
-    cluster = sc.cluster.model_copy(update={"device": device, "node_groups": (), "nodes": math.ceil(gpus / per_node)})
+    cluster = sc.cluster.model_copy(update={"device": device, "node_groups": (), "devices_per_node": per_node,
+                                            "intra_link": link, "nodes": math.ceil(gpus / per_node)})
     tenants = tuple(t.model_copy(update={"tp": tp, "replicas": r, "devices": None, "node_group": None})
                     for t, (_, tp, r) in zip(sc.tenants, layout))
     return sc.model_copy(update={"cluster": cluster, "tenants": tenants})
@@ -234,7 +242,11 @@ def plan(sc: Scenario, scheduler: str, device: str, growth: float = 1.0, setting
 def _roofline_gpus(sc: Scenario, device: str, growth: float, settings: PlanSettings) -> int:
     """Fewer GPUs of `device` cannot serve the traffic x growth: the roofline bound of a fleet of
     the scenario's size in that device scales with the fleet (its peaks are summed)."""
-    fleet = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"device": device, "node_groups": ()})})
+    per_node, link = node_shape(sc, device)
+    n = sc.cluster.num_devices
+    fleet = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={
+        "device": device, "node_groups": (), "devices_per_node": per_node, "intra_link": link,
+        "nodes": math.ceil(n / per_node)})})
     bound = roofline_bound(fleet, settings.duration_s, settings.seeds, settings.max_violation)
     n = fleet.cluster.num_devices
     return n if not bound.feasible else max(1, math.ceil(n * growth / bound.scale))
