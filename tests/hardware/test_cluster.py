@@ -36,6 +36,45 @@ def test_mixed_nodes_keep_their_device_types():
     assert c.link(2, 3).name == "pcie4"
 
 
+def test_a_transfer_between_servers_takes_the_slower_of_their_networks():
+    c = Cluster((NodeSpec("H100-80GB", 1), NodeSpec("H100-80GB", 1), NodeSpec("A100-80GB", 1, network="eth-100g")))
+    assert c.link(0, 1).name == "ib-ndr"  # the cluster's inter_link where a server names none
+    assert c.link(0, 2).name == c.link(2, 1).name == "eth-100g"
+
+
+def test_a_node_groups_network_reaches_its_servers_and_the_simulated_links():
+    from slicesched.cost import make_cost_model
+    from slicesched.hardware.specs import link_spec
+    from slicesched.sim.network import Paths, fit_link
+    from scenario_helpers import scenario
+
+    sc = scenario("""
+        [cluster]
+        [[cluster.node_groups]]
+        name = "fast"
+        device = "H100-80GB"
+        devices_per_node = 1
+        [[cluster.node_groups]]
+        name = "slow"
+        device = "A100-80GB"
+        devices_per_node = 1
+        network = "eth-100g"
+        [[tenants]]
+        name = "a"
+        model = "qwen2.5-1.5b"
+        [[streams]]
+        source = "synthetic"
+        tenants = ["a"]
+        rate = 1.0
+    """)
+    cost = make_cost_model("roofline")
+    paths = Paths(sc.cluster.build(), cost)
+    res, _ = paths.between((0,), (1,))
+    assert paths.capacity[("out", 0)] == fit_link(cost, link_spec("ib-ndr"))[0]  # the cluster's default
+    assert paths.capacity[("in", 1)] == fit_link(cost, link_spec("eth-100g"))[0]  # the slow group's own
+    assert set(res) == {("out", 0), ("in", 1)}
+
+
 def test_h100_datasheet_numbers():
     h = device_spec("H100-80GB")
     assert h.peak_flops == pytest.approx(989e12) and h.mem_bandwidth == pytest.approx(3.35e12)

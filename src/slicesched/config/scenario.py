@@ -82,6 +82,9 @@ class NodeGroup(_Strict):
     nodes: int = Field(1, ge=1, le=4096, description="number of servers")
     devices_per_node: int = Field(8, ge=1, le=64, description="devices in each server")
     intra_link: LinkName = Field("nvlink4", description=f"link inside a server, one of {', '.join(LINKS)}")
+    network: LinkName | None = Field(None, description="each device's network to other servers (its NIC); between "
+                                     "two groups a transfer moves at the slower of the two; default: the cluster's "
+                                     "inter_link")
 
 
 SINGLE_KIND = ("device", "nodes", "devices_per_node", "intra_link")
@@ -133,7 +136,7 @@ class ClusterConfig(_Strict):
 
     def build(self) -> Cluster:
         """The cluster: each group's servers in the order listed, devices numbered across them."""
-        nodes = tuple(NodeSpec(g.device, g.devices_per_node, g.intra_link)
+        nodes = tuple(NodeSpec(g.device, g.devices_per_node, g.intra_link, network=g.network)
                       for g in self.groups() for _ in range(g.nodes))
         return Cluster(nodes, self.inter_link)
 

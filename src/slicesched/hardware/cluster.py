@@ -22,6 +22,7 @@ class NodeSpec:
     num_devices: int
     intra_link: str = "nvlink4"
     host_link: str = "pcie5"  # host memory <-> each device (weight loads from host)
+    network: str | None = None  # each device's network link to other servers; None: the cluster's inter_link
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class Cluster:
             link_spec(node.host_link)
             specs += [spec] * node.num_devices
             node_of += [n] * node.num_devices
+            if node.network is not None:
+                link_spec(node.network)
         link_spec(self.inter_link)
         self.device_specs = tuple(specs)
         self.device_node = np.asarray(node_of, dtype=np.int32)
@@ -78,7 +81,11 @@ class Cluster:
         na, nb = self.device_node[a], self.device_node[b]
         if na == nb:
             return link_spec(self.nodes[na].intra_link)
-        return link_spec(self.inter_link)
+        return min(self.network(a), self.network(b), key=lambda l: l.bandwidth)  # the slower end
+
+    def network(self, device: int) -> LinkSpec:
+        """A device's link to other servers (its node's network, else the cluster's inter_link)."""
+        return link_spec(self.nodes[self.device_node[device]].network or self.inter_link)
 
     def host_link(self, device: int) -> LinkSpec:
         """The path from host memory to a device (each device has its own PCIe link)."""

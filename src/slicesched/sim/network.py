@@ -94,8 +94,8 @@ class Paths:
             return [self._add(("h2d", b), self.cluster.host_link(b))]
         if self.cluster.device_node[a] == self.cluster.device_node[b]:
             return [self._add(("nv", a, b), self.cluster.link(a, b))]
-        inter = self.cluster.link(a, b)
-        return [self._add(("out", a), inter), self._add(("in", b), inter)]
+        # each end's own network: the flow moves at the slower share of the two
+        return [self._add(("out", a), self.cluster.network(a)), self._add(("in", b), self.cluster.network(b))]
 
     def _add(self, r: Resource, link: LinkSpec) -> Resource:
         if r not in self.capacity:
