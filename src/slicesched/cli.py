@@ -248,7 +248,8 @@ def _capacity_search(sc, names: list[str], duration, settings, jobs: int, ray_ad
                                on_done=lambda r: bar.advance(task),
                                on_round=lambda n: bar.update(task, total=(bar.tasks[0].total or 0) + n))
     bound = roofline_bound(sc, duration, settings.seeds)
-    print_capacity(capacity_table(results, bound), f"{title}: capacity at SLA")
+    print_capacity(capacity_table(results, bound), f"{title}: capacity at SLA",
+                   {n: r.class_capacities() for n, r in results.items()})
     return lambda folder: write_capacity(folder, results, bound, plots)
 
 

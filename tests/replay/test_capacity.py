@@ -155,3 +155,49 @@ def test_a_capacity_served_mostly_in_the_drain_is_flagged_with_the_window_it_nee
     r = capacity_from_points("x", pts)
     assert r.scale == 2.0 and not r.steady and r.steady_window_s() == 90.0
     assert capacity_from_points("x", pts[:1] + pts[2:]).steady
+
+
+def test_a_tenant_below_its_attainment_target_fails_the_probe_though_the_run_wide_bound_holds():
+    parts = (("tenant:a", (0.0, 0.02)), ("tenant:b", (0.04, 0.06)))
+    loose = CapacityPoint(1.0, (0, 1), (0.02, 0.04), 100.0, 90.0, 0.1, 0.2, 0.01, 0.02, 0, parts=parts)
+    strict = CapacityPoint(1.0, (0, 1), (0.02, 0.04), 100.0, 90.0, 0.1, 0.2, 0.01, 0.02, 0, parts=parts,
+                           targets=(("tenant:b", 0.01),))  # b wants 99% of its requests within SLO
+    assert loose.passes(0.09) and not loose.fails(0.09)
+    assert strict.fails(0.09) and not strict.passes(0.09)
+
+
+def test_each_slo_class_has_its_own_capacity_from_the_same_probes():
+    def pt(k, chat, batch):
+        return CapacityPoint(k, (0,), ((chat + batch) / 2,), 100.0 * k, 90.0 * k, 0.1, 0.2, 0.01, 0.02, 0,
+                             parts=(("class:batch", (batch,)), ("class:interactive", (chat,))))
+
+    r = capacity_from_points("x", [pt(1.0, 0.0, 0.0), pt(2.0, 0.2, 0.0), pt(1.5, 0.05, 0.0)])
+    assert r.class_capacities() == {"batch": (2.0, True), "interactive": (1.5, False)}
+
+
+def test_a_capacity_search_reports_each_class_of_a_scenario_with_several(tmp_path):
+    sc = parse_scenario(tomllib.loads("""
+        [cluster]
+        devices_per_node = 2
+        [[tenants]]
+        name = "chat"
+        model = "qwen2.5-1.5b"
+        [[tenants]]
+        name = "batch"
+        model = "qwen2.5-1.5b"
+        slo_class = "batch"
+        deadline_s = 60
+        attainment = 0.95
+        [[streams]]
+        source = "synthetic"
+        tenants = ["chat", "batch"]
+        rate = 20.0
+        prompt_mean = 256
+        output_mean = 16
+        [replay]
+        duration_s = 2
+        drain_s = 10
+    """.replace("\n        ", "\n")))
+    r = run_capacity(sc, ["dedicated"], CapacitySettings(seeds=(0,), refine=1))["dedicated"]
+    assert set(r.class_capacities()) == {"batch", "interactive"}
+    assert r.points and all(p.targets == (("tenant:batch", pytest.approx(0.05)),) for p in r.points)

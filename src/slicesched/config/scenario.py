@@ -173,6 +173,10 @@ class TenantConfig(_Strict):
                           "first (realloc: which tenant a container goes to)")
     deadline_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
                                      description="batch: seconds from arrival to the last token")
+    attainment: float | None = Field(None, gt=0, le=1, description="share of the tenant's requests that must meet "
+                                     "its SLOs (0.99: its latencies within target at the 99th percentile); a "
+                                     "capacity search then also requires it of this tenant; default: only the "
+                                     "run-wide bound on all requests")
     max_num_seqs: int = Field(256, ge=1, le=MAX_SEQS, description="most sequences in one batch (vLLM max_num_seqs)")
     max_batch_tokens: int = Field(8192, ge=16, le=MAX_TOKENS, description="token budget of one iteration")
     chunked_prefill: bool = Field(True, description="Sarathi-style chunked prefill within the token budget")

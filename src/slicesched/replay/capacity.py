@@ -22,7 +22,7 @@ the hopeless overload to its end. Such points carry lower-bound violation rates
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -86,6 +86,11 @@ class CapacityPoint:
     arrived: tuple[int, ...] = ()  # per seed, requests that arrived in the window (empty: not counted)
     drain_share: float = 0.0  # mean over seeds: share of the window's output tokens served after it
     drain_tail_s: float = 0.0  # most seconds after the window any seed's last token came
+    # per SLO class ("class:<name>", when there are several) and per tenant ("tenant:<name>"):
+    # violation rate per seed; `targets`: the parts that must stay within a bound of their own
+    # (tenants with an attainment target: 1 - attainment)
+    parts: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    targets: tuple[tuple[str, float], ...] = ()
 
     @property
     def informative(self) -> bool:
@@ -101,16 +106,33 @@ class CapacityPoint:
         seen = self._seen()
         return float(np.mean(seen)) if seen else math.nan
 
+    def part_violation(self, name: str) -> float:
+        """Mean over the seeds in which some request arrived of one part's violation rate."""
+        per_seed = dict(self.parts)[name]
+        seen = [v for i, v in enumerate(per_seed) if not self.arrived or self.arrived[i] > 0]
+        return float(np.mean(seen)) if seen else math.nan
+
+    def _within_targets(self) -> bool:
+        return all(not self.part_violation(n) > bound for n, bound in self.targets)  # NaN: none of it arrived
+
     def passes(self, max_violation: float) -> bool:
-        return self.informative and self.mean_violation <= max_violation
+        return self.informative and self.mean_violation <= max_violation and self._within_targets()
 
     def fails(self, max_violation: float) -> bool:
-        return self.informative and self.mean_violation > max_violation
+        return self.informative and (self.mean_violation > max_violation or not self._within_targets())
 
     @classmethod
-    def from_runs(cls, scale: float, runs: Sequence[RunSummary]) -> CapacityPoint:
+    def from_runs(cls, scale: float, runs: Sequence[RunSummary],
+                  targets: Mapping[str, float] | None = None) -> CapacityPoint:
+        """`targets`: tenant -> the most violations its attainment target allows."""
         o = [r.summary.overall for r in runs]
         viol = tuple(1.0 if math.isnan(x.violation_rate) else float(x.violation_rate) for x in o)
+        parts = {}
+        for r in runs:
+            for x in (*r.summary.per_class, *r.summary.per_tenant):
+                name = x.tenant if x.tenant.startswith("class:") else f"tenant:{x.tenant}"
+                parts.setdefault(name, []).append(0.0 if math.isnan(x.violation_rate) else float(x.violation_rate))
+        parts = {n: v for n, v in parts.items() if len(v) == len(runs)}
 
         def mean(attr: str) -> float:
             vals = [getattr(x, attr) for x in o if not math.isnan(getattr(x, attr))]
@@ -119,7 +141,9 @@ class CapacityPoint:
         return cls(scale, tuple(r.seed for r in runs), viol, mean("token_throughput"), mean("token_goodput"),
                    mean("ttft_p50"), mean("ttft_p99"), mean("tpot_p50"), mean("tpot_p99"), sum(r.ooms for r in runs),
                    sum(r.stopped_early for r in runs), tuple(int(x.requests) for x in o),
-                   mean("drain_token_share"), max((x.drain_tail_s for x in o), default=0.0))
+                   mean("drain_token_share"), max((x.drain_tail_s for x in o), default=0.0),
+                   tuple((n, tuple(v)) for n, v in sorted(parts.items())),
+                   tuple((f"tenant:{t}", b) for t, b in sorted((targets or {}).items())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +196,18 @@ class CapacityResult:
     def spread(self) -> tuple[float, float]:
         """Lowest and highest per-seed capacity."""
         return (min(self.seed_scales), max(self.seed_scales)) if self.seed_scales else (0.0, 0.0)
+
+    def class_capacities(self) -> dict[str, tuple[float, bool]]:
+        """Per SLO class (when there are several): (the largest probed scale whose class violation
+        rate is within the bound, True when no probe failed it: its capacity may lie higher)."""
+        names = sorted({n for p in self.points for n, _ in p.parts if n.startswith("class:")})
+        out = {}
+        for n in names:
+            pts = [p for p in self.points if p.informative and any(m == n for m, _ in p.parts)]
+            ok = [p.scale for p in pts if p.part_violation(n) <= self.max_violation]
+            scale = max(ok, default=0.0)
+            out[n.removeprefix("class:")] = (scale, not any(p.scale > scale for p in pts))
+        return out
 
 
 # ---- the search on one scheduler's curve (pure: no replays) ------------------------------------
@@ -282,8 +318,9 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
             on_round(len(specs))
         runs = run_many(sc, specs, jobs=jobs, ray_address=ray_address, duration_s=duration_s, on_done=on_done)
         per = len(settings.seeds)
+        targets = {t.name: 1.0 - t.attainment for t in sc.tenants if t.attainment is not None}
         for i, (n, k) in enumerate(wanted):
-            searches[n].add([CapacityPoint.from_runs(k, runs[i * per:(i + 1) * per])])
+            searches[n].add([CapacityPoint.from_runs(k, runs[i * per:(i + 1) * per], targets)])
     return {n: s.result() for n, s in searches.items()}
 
 

@@ -26,6 +26,7 @@ def capacity_frame(results: dict[str, CapacityResult]) -> pd.DataFrame:
                     "requests_arrived": sum(p.arrived), "informative": p.informative,
                     "drain_token_share": p.drain_share, "drain_tail_s": p.drain_tail_s,
                     "at_capacity": p.scale == r.scale}
+            row |= {f"violation_mean_{n}": p.part_violation(n) for n, _ in p.parts}  # per class and tenant
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -57,7 +58,11 @@ def capacity_table(results: dict[str, CapacityResult], bound: RooflineBound | No
     return pd.DataFrame(rows)
 
 
-def print_capacity(df: pd.DataFrame, title: str) -> None:
+def print_capacity(df: pd.DataFrame, title: str, per_class: dict[str, dict[str, tuple[float, bool]]] | None = None
+                   ) -> None:
+    """The table; with `per_class` (scheduler -> `CapacityResult.class_capacities()`), each
+    scheduler's capacity per SLO class below it."""
+    per_class = {n: c for n, c in (per_class or {}).items() if c}
     from rich.console import Console
     from rich.table import Table
 
@@ -77,6 +82,9 @@ def print_capacity(df: pd.DataFrame, title: str) -> None:
     if not console.is_terminal:  # files and pipes: do not squeeze columns to 80 characters
         console = Console(width=220)
     console.print(t)
+    for name, classes in per_class.items():
+        console.print(f"{name} per SLO class: " + ", ".join(
+            f"{c} x{k:.3g}{'+' if open_ended else ''}" for c, (k, open_ended) in classes.items()))
     for row in df.itertuples():
         if row.stopped_by:
             console.print(f"{row.scheduler}: search stopped: {row.stopped_by}")
