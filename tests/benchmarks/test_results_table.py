@@ -17,6 +17,24 @@ def test_the_readme_table_is_the_one_the_recorded_capacity_figures_give() -> Non
     assert shown == _results.results_table(figures)
 
 
+def test_the_readme_plan_table_is_the_one_the_recorded_plan_figures_give() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    shown = readme[readme.index(_results.PLAN_START) + len(_results.PLAN_START):readme.index(_results.PLAN_END)].strip()
+    figures = _results.recorded((REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8"), "plan")
+    assert shown == _results.plan_table(figures)
+
+
+def test_the_plan_table_bolds_the_fewest_gpus_and_shows_the_savings() -> None:
+    figures = {"plan_gpus_dedicated_default": 10, "plan_gpus_aegaeon+slo_default": 7,
+               "plan_gpus_slicesched_default": 6, "plan_saving_slicesched_default": 0.4,
+               "plan_saving_vs_best_baseline_slicesched_default": 1 - 6 / 7}
+    rows = {line.split(" | ")[0]: line for line in _results.plan_table(figures).splitlines()}
+    assert rows["| scheduler"] == "| scheduler | built-in (`default`) x1 |"
+    assert rows["| `slicesched`"].endswith("| **6** |") and rows["| `dedicated`"].endswith("| 10 |")
+    assert rows["| SliceScheduler saves, vs `dedicated`"].endswith("| 40% |")
+    assert rows["| SliceScheduler saves, vs the best baseline"].endswith("| 14% |")
+
+
 def test_the_best_is_bold_and_the_best_baseline_breaks_ties_by_throughput() -> None:
     figures = {"capacity_hot_cold_dedicated": 0.5, "capacity_hot_cold_realloc+slo": 0.8,
                "capacity_hot_cold_aegaeon": 0.8, "capacity_hot_cold_slicesched": 1.2,
