@@ -28,7 +28,7 @@ test: $(DEV)
 	$(PY) -m pytest -n 2 --dist loadgroup -p no:cacheprovider
 
 bench: $(DEV)
-	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -15,8 +15,9 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from slicesched.cli import app
-from slicesched.config.scenario import (AegaeonConfig, DiurnalCurve, PlanConfig, FlashCurve, ReallocConfig, ReplayConfig, Scenario,
-                                        ServeGenStream, SliceSchedConfig, SyntheticStream, TenantConfig,
+from slicesched.config.settings import AegaeonConfig, PlanConfig, ReallocConfig, SliceSchedConfig
+from slicesched.config.scenario import (DiurnalCurve, FlashCurve, ReplayConfig, Scenario,
+                                        ServeGenStream, SyntheticStream, TenantConfig,
                                         TraceStream, ClusterConfig, NodeGroup)
 
 runner = CliRunner()

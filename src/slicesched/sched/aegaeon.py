@@ -51,7 +51,7 @@ from slicesched.sched.interface import (SCHEDULERS, Provisioning, RoutedReplica,
                                         WeightEviction)
 
 if TYPE_CHECKING:
-    from slicesched.config.scenario import AegaeonConfig
+    from slicesched.config.settings import AegaeonConfig
     from slicesched.hardware.cluster import Cluster
     from slicesched.hardware.specs import DeviceSpec, LinkSpec
     from slicesched.serving import Request
@@ -157,7 +157,7 @@ class AegaeonScheduler(Scheduler):
                  capacity_bytes: float | np.ndarray = 80e9, utilization: float = 0.9,
                  cluster: "Cluster | None" = None) -> None:
         """`cluster`: prices steps before the first schedule (else the GMG's cluster, then)."""
-        from slicesched.config.scenario import AegaeonConfig
+        from slicesched.config.settings import AegaeonConfig
 
         self.cfg = settings or AegaeonConfig()
         self.models = dict(models or {})

@@ -301,7 +301,7 @@ class ReallocScheduler(Scheduler):
     def __init__(self, settings=None, models: dict[str, str] | None = None,
                  capacity_bytes: float | np.ndarray = 80e9, utilization: float = 0.9,
                  priority: Mapping[str, int] | None = None) -> None:
-        from slicesched.config.scenario import ReallocConfig
+        from slicesched.config.settings import ReallocConfig
 
         self.cfg = settings or ReallocConfig()
         self.models = models or {}
