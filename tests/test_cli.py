@@ -440,6 +440,9 @@ def test_plan_prints_the_fewest_gpus_per_scheduler_and_writes_its_table_csv_and_
     assert list(summary.growth) == [1.0, 1.0, 2.0, 2.0] and (summary.gpus >= 2).all()
     probes = pd.read_csv(out / "plan.csv")
     assert probes.answer.sum() == 4 and (out / "plan.png").stat().st_size > 0
+    again = plan_cli(tiny(), "-s", "temporal-mux", "--out", out, "--cache", tmp_path / "cache", "--force")
+    assert again.exit_code == 0, again.output  # its own earlier output is replaced, from the cache
+    assert len(pd.read_csv(out / "plan_summary.csv")) == 2
 
 
 @pytest.mark.parametrize("args, field", [(("--growth", "1,x"), "--growth"), (("--growth", "0"), "--growth"),

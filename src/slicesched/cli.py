@@ -309,7 +309,9 @@ def plan(
                                           f"{p.violation:.1%} violations")))
     print_plan(plan_table(results), f"{sc.name}: fewest GPUs at SLA", sc.plan.max_gpus)
     typer.echo(f"method: {METHOD}")
-    written = write_plan(out, results, plots)
+    written = write_plan(out, results, {"name": sc.name, "scenario": sc.source_path, "schedulers": names,
+                                        "devices": devices, "growth": multiples, "seeds": list(settings.seeds),
+                                        "method": METHOD}, plots, force)
     typer.echo(f"wrote {out}/ ({', '.join(written)})")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from slicesched.replay.plan import PlanResult
-from slicesched.replay.report import scheduler_color
+from slicesched.replay.report import scheduler_color, write_folder
 
 
 def layout_text(layout: tuple[tuple[str, int, int], ...]) -> str:
@@ -65,16 +65,18 @@ def probes_frame(results: list[PlanResult]) -> pd.DataFrame:
                           "answer": p is r.found} for r in results for p in r.probes])
 
 
-def write_plan(folder: Path, results: list[PlanResult], plots: bool = True) -> list[str]:
-    """plan.csv (every layout replayed), plan_summary.csv (the table) and plan.png into `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    probes_frame(results).to_csv(folder / "plan.csv", index=False)
-    plan_table(results).to_csv(folder / "plan_summary.csv", index=False)
-    written = ["plan.csv", "plan_summary.csv"]
-    if plots:
-        plan_plot(folder / "plan.png", results)
-        written.append("plan.png")
-    return written
+def write_plan(out: Path, results: list[PlanResult], meta: dict, plots: bool = True, force: bool = False) -> list[str]:
+    """plan.csv (every layout replayed), plan_summary.csv (the table) and plan.png, with run.json
+    (`meta`) and the manifest, into `out` atomically (`report.write_folder`); returns the names."""
+
+    def fill(folder: Path) -> None:
+        probes_frame(results).to_csv(folder / "plan.csv", index=False)
+        plan_table(results).to_csv(folder / "plan_summary.csv", index=False)
+        if plots:
+            plan_plot(folder / "plan.png", results)
+
+    write_folder(out, meta, fill, force)
+    return sorted(p.name for p in out.iterdir())
 
 
 def plan_plot(path: Path, results: list[PlanResult]) -> None:
@@ -87,12 +89,15 @@ def plan_plot(path: Path, results: list[PlanResult]) -> None:
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     devices = sorted({r.device for r in results})
     styles = dict(zip(devices, ("-", "--", ":", "-.")))
+    names = list(dict.fromkeys(r.scheduler for r in results))
     for (name, device) in dict.fromkeys((r.scheduler, r.device) for r in results):
         mine = sorted((r for r in results if r.scheduler == name and r.device == device), key=lambda r: r.growth)
         x = [r.growth for r in mine if r.gpus is not None]
         y = [r.gpus for r in mine if r.gpus is not None]
         label = name if len(devices) == 1 else f"{name} ({device})"
-        ax.plot(x, y, marker="o", color=scheduler_color(name), ls=styles.get(device, "-"), label=label)
+        i = names.index(name)  # earlier schedulers drawn wider, so equal lines show under later ones
+        ax.plot(x, y, marker="os^Dv<>p"[i % 8], ms=9 - 1.2 * min(i, 4), lw=1.5 + 1.5 * (len(names) - 1 - i),
+                alpha=0.85, color=scheduler_color(name), ls=styles.get(device, "-"), label=label)
     ax.set_xlabel("traffic (multiple of the scenario's)")
     ax.set_ylabel("GPUs needed at SLA")
     ax.grid(alpha=0.3)

@@ -141,19 +141,10 @@ def replaceable(out: Path, force: bool = False) -> str | None:
 
 def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dict, plots: bool = True,
                   force: bool = False, extra: Callable[[Path], None] | None = None) -> Path:
-    """Write everything into `out` atomically (temporary folder, then rename); `out` must be
-    absent, empty, or (with `force`) an earlier output of this tool (see `replaceable`).
-    `extra(folder)` writes further files (a capacity search's) before the rename."""
-    from slicesched.errors import InputError
+    """Write everything into `out` atomically (`write_folder`). `extra(folder)` writes further
+    files (a capacity search's) before the rename."""
 
-    out = Path(out)
-    problem = replaceable(out, force)
-    if problem:
-        raise InputError(problem, file=str(out), field="--out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.mkdir()  # mode 0777 less the umask, as any folder a user makes (mkdtemp's is 0700)
-    try:
+    def fill(tmp: Path) -> None:
         df.to_csv(tmp / "summary.csv", index=False)
         pd.concat([r.summary.to_frame().assign(scheduler=r.scheduler, rate_scale=r.rate_scale) for r in runs]
                   ).to_csv(tmp / "per_tenant.csv", index=False)
@@ -166,6 +157,25 @@ def write_outputs(out: Path, runs: list[RunSummary], df: pd.DataFrame, meta: dic
             write_plots(tmp, runs, df, meta.get("name", ""))
         if extra is not None:
             extra(tmp)
+
+    return write_folder(out, meta, fill, force)
+
+
+def write_folder(out: Path, meta: dict, fill: Callable[[Path], None], force: bool = False) -> Path:
+    """`fill(folder)` into a temporary sibling folder, then `run.json` (`meta`) and the manifest,
+    then renamed into place; `out` must be absent, empty, or (with `force`) an earlier output of
+    this tool (see `replaceable`)."""
+    from slicesched.errors import InputError
+
+    out = Path(out)
+    problem = replaceable(out, force)
+    if problem:
+        raise InputError(problem, file=str(out), field="--out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()  # mode 0777 less the umask, as any folder a user makes (mkdtemp's is 0700)
+    try:
+        fill(tmp)
         (tmp / "run.json").write_text(json.dumps({**meta, "complete": True}, indent=1, default=str))
         files = sorted(p.name for p in tmp.iterdir())
         (tmp / MANIFEST).write_text(json.dumps({"written_by": "slicesched", "files": files}, indent=1))
