@@ -109,3 +109,12 @@ def test_candidates_add_up_to_the_size_with_every_tenant_served_and_follow_the_w
 def test_sizes_are_the_fleets_some_layout_reaches():
     assert list(sizes([2, 4], 0, 12)) == [6, 8, 10, 12]
     assert list(sizes([1, 2], 4, 6)) == [4, 5, 6]
+
+
+def test_a_device_no_container_of_a_tenant_fits_is_said_not_searched():
+    # 138 GB of weights: two 48 GB A40s (a node of this cluster) cannot hold them
+    sc = scenario(SMALL.replace('model = "qwen2.5-1.5b"', 'model = "llama-2-70b"', 1).replace(
+        "devices_per_node = 4", "devices_per_node = 2"))
+    r = plan(sc, "dedicated", "A40", 1.0, SETTINGS)
+    assert r.found is None and r.probes == ()
+    assert r.problem == "tenant 'chat' (llama-2-70b) fits no container of up to 2 A40 (one node)"

@@ -64,6 +64,7 @@ class PlanResult:
     found: Probe | None  # None: nothing within max_gpus met the SLA
     probes: tuple[Probe, ...]  # every layout replayed, in order
     price_per_gpu_hour: float
+    problem: str = ""  # why nothing was searched (a tenant fits no container of this device)
 
     @property
     def gpus(self) -> int | None:
@@ -212,7 +213,11 @@ def plan(sc: Scenario, scheduler: str, device: str, growth: float = 1.0, setting
     tps = [smallest_tp(sc, i, device) for i in range(len(sc.tenants))]
     price = sc.plan.price(device)
     if any(tp is None for tp in tps):
-        return PlanResult(scheduler, device, growth, 0, None, (), price)
+        i = tps.index(None)
+        t = sc.tenants[i]
+        per_node = node_shape(sc, device)[0]
+        return PlanResult(scheduler, device, growth, 0, None, (), price,
+                          f"tenant '{t.name}' ({t.model}) fits no container of up to {per_node} {device} (one node)")
     cost = [tp * t.pp for tp, t in zip(tps, sc.tenants)]
     lower = max(sum(cost), _roofline_gpus(sc, device, growth, settings))
     shares = _work_shares(sc, settings, growth)

@@ -32,7 +32,8 @@ def plan_table(results: list[PlanResult]) -> pd.DataFrame:
                      "dollars_per_hour": r.dollars_per_hour if f else math.nan,
                      "saving_vs_dedicated": 1 - f.gpus / base if f and base else math.nan,
                      "lower_bound_gpus": r.lower_bound, "layouts_replayed": len(r.probes),
-                     "smaller_failed": "; ".join(layout_text(p.layout) for p in r.smaller_failed())})
+                     "smaller_failed": "; ".join(layout_text(p.layout) for p in r.smaller_failed()),
+                     "problem": r.problem})
     return pd.DataFrame(rows)
 
 
@@ -47,8 +48,8 @@ def print_plan(df: pd.DataFrame, title: str, max_gpus: int) -> None:
                      no_wrap=col == "scheduler", min_width=widest if col == "scheduler" else None)
     for row in df.itertuples():
         found = not math.isnan(row.gpus)
-        t.add_row(row.scheduler, row.device, f"x{row.growth:g}", f"{row.gpus:.0f}" if found else f"> {max_gpus}",
-                  row.layout, f"{row.violation_rate:.1%} ({row.violation_min:.1%}-{row.violation_max:.1%})" if found else "",
+        t.add_row(row.scheduler, row.device, f"x{row.growth:g}",
+                  f"{row.gpus:.0f}" if found else "-" if row.problem else f"> {max_gpus}", row.layout or row.problem, f"{row.violation_rate:.1%} ({row.violation_min:.1%}-{row.violation_max:.1%})" if found else "",
                   f"{row.dollars_per_hour:,.2f}" if found else "",
                   "" if math.isnan(row.saving_vs_dedicated) else f"{row.saving_vs_dedicated:.0%}")
     console = Console()
