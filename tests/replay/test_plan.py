@@ -118,3 +118,18 @@ def test_a_device_no_container_of_a_tenant_fits_is_said_not_searched():
     r = plan(sc, "dedicated", "A40", 1.0, SETTINGS)
     assert r.found is None and r.probes == ()
     assert r.problem == "tenant 'chat' (llama-2-70b) fits no container of up to 2 A40 (one node)"
+
+
+def test_the_search_gallops_up_the_sizes_then_walks_the_last_gap_from_below():
+    from slicesched.replay.plan import Probe, _gallop
+
+    tried = []
+
+    def first_meeting(n):
+        tried.append(n)
+        return Probe((), n, 0.0, (0.0, 0.0), True) if n >= 23 else None
+
+    assert _gallop(list(range(10, 41)), first_meeting).gpus == 23
+    assert tried == [10, 11, 13, 17, 25, 18, 19, 20, 21, 22, 23]
+    tried.clear()
+    assert _gallop([4, 5, 6], lambda n: tried.append(n)) is None and tried == [4, 5, 6]  # the last size too

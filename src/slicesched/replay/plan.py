@@ -9,12 +9,15 @@ The search, stated in every report (`METHOD`):
 2. A lower bound on the fleet: every tenant needs one container, and no fleet serves more than
    its roofline allows (`capacity.roofline_bound`: all the window's work at peak FLOP/s and HBM
    bandwidth), so at least (the scenario's GPUs x growth / its roofline bound) GPUs.
-3. Fleet sizes from that bound upward, in the order layouts reach them: at each size, up to
-   `layouts_per_size` layouts (replicas per tenant), the one whose GPUs follow the forecast's
-   work shares most closely first, then its one-replica moves. Each is replayed at the growth
-   multiple with every seed; the first whose mean SLA violation rate is within `max_violation` is
-   the answer, so every smaller size had each of its candidate layouts fail. Replays are cached
-   on disk by everything that decides them, so a rerun or a larger growth reuses them.
+3. Fleet sizes from that bound upward (those layouts reach), galloping: the sizes 0, 1, 3, 7, ...
+   steps above the bound until one meets the SLA, then every size of the gap below it. At each
+   size, up to `layouts_per_size` layouts (replicas per tenant), the one whose GPUs follow the
+   forecast's work shares most closely first, then its one-replica moves, each replayed at the
+   growth multiple with every seed; a size meets when one of them has a mean SLA violation rate
+   within `max_violation`. The answer is the smallest meeting size so found: the size just below
+   it had each of its candidates fail, and every size skipped lies below a size where all failed
+   (more GPUs of the same kind are assumed never to hurt). Replays are cached on disk by everything
+   that decides them, so a rerun or a larger growth reuses them.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from slicesched.replay.deployment import tenant_demands
 from slicesched.replay.workload import scenario_trace
 
 METHOD = ("each tenant at its smallest fitting tp; sizes from a lower bound (one container per tenant, the "
-          "roofline over the window's work) upward; at each size the layouts closest to the forecast's work "
-          "shares replayed with every seed; the first within the SLA is the answer")
+          "roofline over the window's work) upward, galloping, then every size of the last gap; at each size the "
+          "layouts closest to the forecast's work shares replayed with every seed; the smallest size with one "
+          "within the SLA is the answer")
 
 Layout = tuple[tuple[str, int, int], ...]  # per tenant: (name, tp, replicas)
 
@@ -206,10 +210,7 @@ def plan(sc: Scenario, scheduler: str, device: str, growth: float = 1.0, setting
          cache: ProbeCache | None = None, jobs: int = 1,
          on_probe: Callable[[Probe], None] | None = None) -> PlanResult:
     """The fewest GPUs of `device` serving the scenario's traffic x `growth` under `scheduler`."""
-    from slicesched.replay.experiment import RunSpec, run_many
-
     cache = cache or ProbeCache(None)
-    window = settings.duration_s or sc.replay.duration_s
     tps = [smallest_tp(sc, i, device) for i in range(len(sc.tenants))]
     price = sc.plan.price(device)
     if any(tp is None for tp in tps):
@@ -222,26 +223,59 @@ def plan(sc: Scenario, scheduler: str, device: str, growth: float = 1.0, setting
     lower = max(sum(cost), _roofline_gpus(sc, device, growth, settings))
     shares = _work_shares(sc, settings, growth)
     probes: list[Probe] = []
-    for n in sizes(cost, lower, sc.plan.max_gpus):
+
+    def first_meeting(n: int) -> Probe | None:
+        """Replay the candidate layouts of size n in order; the first that meets the SLA."""
         for reps in candidates(cost, shares, n, sc.plan.layouts_per_size):
             layout = tuple((t.name, tp, r) for t, tp, r in zip(sc.tenants, tps, reps))
-            served = layout_scenario(sc, layout, device)
-            keys = [cache.key(served, scheduler, growth, s, window, settings.max_violation) for s in settings.seeds]
-            rates = {s: cache.get(k) for s, k in zip(settings.seeds, keys)}
-            # a replay ends once it certainly fails (its rate is then a lower bound above the SLA's)
-            todo = [RunSpec(scheduler, growth, seed=s, detail=False, stop_above=settings.max_violation)
-                    for s in settings.seeds if rates[s] is None]
-            for spec, run in zip(todo, run_many(served, todo, jobs=jobs, duration_s=window) if todo else []):
-                rates[spec.seed] = run.summary.overall.violation_rate
-                cache.put(keys[settings.seeds.index(spec.seed)], rates[spec.seed])
-            v = [rates[s] for s in settings.seeds]
-            probe = Probe(layout, n, sum(v) / len(v), (min(v), max(v)), sum(v) / len(v) <= settings.max_violation)
+            probe = _probe(sc, layout, n, scheduler, device, growth, settings, cache, jobs)
             probes.append(probe)
             if on_probe is not None:
                 on_probe(probe)
             if probe.meets:
-                return PlanResult(scheduler, device, growth, lower, probe, tuple(probes), price)
-    return PlanResult(scheduler, device, growth, lower, None, tuple(probes), price)
+                return probe
+        return None
+
+    found = _gallop(list(sizes(cost, lower, sc.plan.max_gpus)), first_meeting)
+    return PlanResult(scheduler, device, growth, lower, found, tuple(probes), price)
+
+
+def _gallop(fleet_sizes: Sequence[int], first_meeting: Callable[[int], Probe | None]) -> Probe | None:
+    """The smallest size with a layout meeting the SLA: the sizes 0, 1, 3, 7, ... places above the
+    first until one meets (the last size is always tried), then every size of the gap below it,
+    smallest first (so the size just below the answer had each of its candidates fail too)."""
+    i, step, failed = 0, 1, -1
+    while i < len(fleet_sizes):
+        hit = first_meeting(fleet_sizes[i])
+        if hit is not None:
+            for j in range(failed + 1, i):
+                inner = first_meeting(fleet_sizes[j])
+                if inner is not None:
+                    return inner
+            return hit
+        failed = i
+        i = i + step if i + step < len(fleet_sizes) or i == len(fleet_sizes) - 1 else len(fleet_sizes) - 1
+        step *= 2
+    return None
+
+
+def _probe(sc: Scenario, layout: Layout, gpus: int, scheduler: str, device: str, growth: float,
+           settings: PlanSettings, cache: ProbeCache, jobs: int) -> Probe:
+    """Replay one layout with every seed (cached replays reused)."""
+    from slicesched.replay.experiment import RunSpec, run_many
+
+    window = settings.duration_s or sc.replay.duration_s
+    served = layout_scenario(sc, layout, device)
+    keys = [cache.key(served, scheduler, growth, s, window, settings.max_violation) for s in settings.seeds]
+    rates = {s: cache.get(k) for s, k in zip(settings.seeds, keys)}
+    # a replay ends once it certainly fails (its rate is then a lower bound above the SLA's)
+    todo = [RunSpec(scheduler, growth, seed=s, detail=False, stop_above=settings.max_violation)
+            for s in settings.seeds if rates[s] is None]
+    for spec, run in zip(todo, run_many(served, todo, jobs=jobs, duration_s=window) if todo else []):
+        rates[spec.seed] = run.summary.overall.violation_rate
+        cache.put(keys[settings.seeds.index(spec.seed)], rates[spec.seed])
+    v = [rates[s] for s in settings.seeds]
+    return Probe(layout, gpus, sum(v) / len(v), (min(v), max(v)), sum(v) / len(v) <= settings.max_violation)
 
 
 def _roofline_gpus(sc: Scenario, device: str, growth: float, settings: PlanSettings) -> int:
