@@ -93,6 +93,11 @@ class ClusterConfig(_Strict):
                       for g in self.groups() for _ in range(g.nodes))
         return Cluster(nodes, self.inter_link)
 
+    def memory_per_device(self) -> float | np.ndarray:
+        """Every device's memory: one figure for a single-kind cluster, each device's own (in
+        device order) for a mixed fleet."""
+        return self.memory_bytes() if self.node_groups else float(DEVICES[self.device].memory_bytes)
+
     def memory_bytes(self) -> np.ndarray:
         """Memory of every device, in device order."""
         return np.array([DEVICES[g.device].memory_bytes

@@ -309,6 +309,7 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
     # a replay may stop there: the point is decided, and overloaded replays are the slow ones.
     stop = len(settings.seeds) * settings.max_violation
     stop = stop if stop < 1 else None
+    targets = {t.name: 1.0 - t.attainment for t in sc.tenants if t.attainment is not None}
     while True:
         wanted = [(n, k) for n, s in searches.items() for k in s.pending()]
         if not wanted:
@@ -318,7 +319,6 @@ def run_capacity(sc: Scenario, schedulers: Sequence[str], settings: CapacitySett
             on_round(len(specs))
         runs = run_many(sc, specs, jobs=jobs, ray_address=ray_address, duration_s=duration_s, on_done=on_done)
         per = len(settings.seeds)
-        targets = {t.name: 1.0 - t.attainment for t in sc.tenants if t.attainment is not None}
         for i, (n, k) in enumerate(wanted):
             searches[n].add([CapacityPoint.from_runs(k, runs[i * per:(i + 1) * per], targets)])
     return {n: s.result() for n, s in searches.items()}

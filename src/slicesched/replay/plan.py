@@ -129,8 +129,8 @@ def _work_shares(sc: Scenario, settings: PlanSettings, growth: float) -> list[fl
     demand = tenant_demands(scenario_trace(sc, growth, window), [t.name for t in sc.tenants])
     work = [demand[t.name].rate_rps * (demand[t.name].mean_prompt + demand[t.name].mean_output)
             * model_spec(t.model).num_params() for t in sc.tenants]
-    total = sum(work) or 1.0
-    return [w / total if sum(work) else 1 / len(work) for w in work]
+    total = sum(work)
+    return [w / total for w in work] if total else [1 / len(work)] * len(work)
 
 
 def candidates(cost: Sequence[int], shares: Sequence[float], gpus: int, limit: int) -> list[tuple[int, ...]]:
@@ -253,8 +253,8 @@ def _gallop(fleet_sizes: Sequence[int], first_meeting: Callable[[int], Probe | N
                 if inner is not None:
                     return inner
             return hit
-        failed = i
-        i = i + step if i + step < len(fleet_sizes) or i == len(fleet_sizes) - 1 else len(fleet_sizes) - 1
+        failed, last = i, len(fleet_sizes) - 1
+        i = len(fleet_sizes) if i == last else min(i + step, last)  # past the end: none met
         step *= 2
     return None
 
@@ -282,10 +282,9 @@ def _roofline_gpus(sc: Scenario, device: str, growth: float, settings: PlanSetti
     """Fewer GPUs of `device` cannot serve the traffic x growth: the roofline bound of a fleet of
     the scenario's size in that device scales with the fleet (its peaks are summed)."""
     per_node, link = node_shape(sc, device)
-    n = sc.cluster.num_devices
     fleet = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={
         "device": device, "node_groups": (), "devices_per_node": per_node, "intra_link": link,
-        "nodes": math.ceil(n / per_node)})})
+        "nodes": math.ceil(sc.cluster.num_devices / per_node)})})
     bound = roofline_bound(fleet, settings.duration_s, settings.seeds, settings.max_violation)
     n = fleet.cluster.num_devices
     return n if not bound.feasible else max(1, math.ceil(n * growth / bound.scale))

@@ -168,7 +168,8 @@ class AegaeonScheduler(Scheduler):
         self._copies: dict[str, int] = {}  # warm copies of each model (deployment)
         self._forecast: dict[str, float] = {}  # forecast work of each model (deployment)
         self._by_group: dict[int, _Instance] | None = None  # built at the first schedule (needs the cluster)
-        self._decode_memo: dict[tuple[str, tuple[int, ...], int], float] = {}
+        # prices per (model, instance, batch): a decode step of that batch; batch 0: prefill per token
+        self._price_memo: dict[tuple[str, tuple[int, ...], int], float] = {}
         self.cluster = cluster
         self._view: SLAView | None = None
         self._seen: dict[int, float] = {}  # iteration key -> when it was first seen ready
@@ -177,11 +178,8 @@ class AegaeonScheduler(Scheduler):
 
     @classmethod
     def from_scenario(cls, scenario) -> "AegaeonScheduler":
-        from slicesched.hardware.specs import device_spec
-
         c = scenario.cluster
-        return cls(scenario.schedulers.aegaeon, {t.name: t.model for t in scenario.tenants},
-                   c.memory_bytes() if c.node_groups else device_spec(c.device).memory_bytes,
+        return cls(scenario.schedulers.aegaeon, {t.name: t.model for t in scenario.tenants}, c.memory_per_device(),
                    scenario.replay.gpu_memory_utilization, c.build())
 
     def attach(self, view: SLAView) -> None:  # type: ignore[override]
@@ -254,11 +252,11 @@ class AegaeonScheduler(Scheduler):
     def prefill_per_token(self, inst: _Instance, tenant: str) -> float:
         """Seconds per prompt token of a prefill at the reference prompt length on the instance."""
         key = (tenant, inst.devices, 0)
-        if key not in self._decode_memo:
+        if key not in self._price_memo:
             shape = BatchShape(np.array([REFERENCE_PROMPT]), np.array([0]), 1)
             graph = build_iteration(model_spec(self.models[tenant]), shape, len(inst.devices))
-            self._decode_memo[key] = float(self.cost.op_times(graph, inst.device, inst.link).sum()) / REFERENCE_PROMPT
-        return self._decode_memo[key]
+            self._price_memo[key] = float(self.cost.op_times(graph, inst.device, inst.link).sum()) / REFERENCE_PROMPT
+        return self._price_memo[key]
 
     def feasible(self, inst: _Instance, running: Mapping[str, int]) -> bool:
         """Can the instance's decode round keep every model within its TPOT SLO, with `running`
@@ -272,11 +270,11 @@ class AegaeonScheduler(Scheduler):
         """A decode step of `n` requests (rounded up to a power of two) at the reference context."""
         batch = 1 << max(n - 1, 0).bit_length()
         key = (tenant, inst.devices, batch)
-        if key not in self._decode_memo:
+        if key not in self._price_memo:
             graph = build_iteration(model_spec(self.models[tenant]), BatchShape.decode(batch, REFERENCE_PROMPT),
                                     len(inst.devices))
-            self._decode_memo[key] = float(self.cost.op_times(graph, inst.device, inst.link).sum())
-        return self._decode_memo[key]
+            self._price_memo[key] = float(self.cost.op_times(graph, inst.device, inst.link).sum())
+        return self._price_memo[key]
 
     def provisioning(self, replicas: Replicas) -> Provisioning:
         """Cold: every replica outside its instance's warm set. KV memory (a unified cache in

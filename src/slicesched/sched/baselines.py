@@ -316,11 +316,8 @@ class ReallocScheduler(Scheduler):
 
     @classmethod
     def from_scenario(cls, scenario) -> "ReallocScheduler":
-        from slicesched.hardware.specs import device_spec
-
         c = scenario.cluster
-        return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants},
-                   c.memory_bytes() if c.node_groups else device_spec(c.device).memory_bytes,
+        return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants}, c.memory_per_device(),
                    scenario.replay.gpu_memory_utilization, {t.name: t.priority for t in scenario.tenants})
 
     def attach(self, view: ServingView) -> None:

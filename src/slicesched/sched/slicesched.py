@@ -149,11 +149,7 @@ class SliceScheduler(LendingMixin, Scheduler):
 
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
-        from slicesched.hardware.specs import device_spec
-
-        c = scenario.cluster  # a mixed fleet: each device's own memory
-        memory = c.memory_bytes() if c.node_groups else device_spec(c.device).memory_bytes
-        cap = memory * scenario.replay.gpu_memory_utilization
+        cap = scenario.cluster.memory_per_device() * scenario.replay.gpu_memory_utilization
         return cls({t.name: t.model for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
 
     def run_report(self) -> dict[str, float]:
