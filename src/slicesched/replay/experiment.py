@@ -7,6 +7,7 @@ runs fan out to worker processes (or Ray tasks given a cluster address) and come
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -135,7 +136,9 @@ def run_many(sc: Scenario, specs: Iterable[RunSpec], *, jobs: int = 1, ray_addre
                 on_done(out[-1])
         return out
     results: dict[int, RunSummary] = {}
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+    # forkserver, not fork: a fork of a process running threads (torch's pools, an executor's
+    # workers, a test runner's) may die or hang in the child; forkserver children start clean
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint, mp_context=_worker_context())
     try:
         futs = {pool.submit(_run_task, t): i for i, t in enumerate(tasks)}
         for f in as_completed(futs):
@@ -147,6 +150,12 @@ def run_many(sc: Scenario, specs: Iterable[RunSpec], *, jobs: int = 1, ray_addre
         raise
     pool.shutdown()
     return [results[i] for i in range(len(tasks))]
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["slicesched.replay.experiment"])  # imported once, not per worker
+    return ctx
 
 
 def _ignore_sigint() -> None:
