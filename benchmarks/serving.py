@@ -1,126 +1,109 @@
-"""Real serving on CPU: two tenants from a short trace, under `dedicated` and `slicesched`.
+"""Real serving on CPU: a hot tenant beside two calm ones, under `dedicated` and `slicesched`,
+SliceScheduler's loans run on the executor.
 
-    python benchmarks/serving.py [ROUNDS]
+    python benchmarks/serving.py [ROUNDS] [--device cuda] [--out FOLDER]
 
-Prints one figure per line as `name: value unit`. The tenants (scaled-down random-weight
-Llama-3-8B and Qwen2.5-1.5B, one CPU device each, one torch thread per device worker) are
-served through the replay driver on the executor (`replay/real.py`), on a wall clock. Each of
-ROUNDS (default 3) rounds first calibrates (`replay.real.calibrate`: the served models' real
-steps through the executor over a grid of batch shapes, apart from any served run), then
-serves the trace under each scheduler and has the simulator predict it with the cost model
-that calibration gives (`CalibratedCostModel` over its stage and dispatch rows). Two
-calibrations bracket how the two devices, threads of one process on shared cores, slow each
-other down: `together` (both devices step at once: the prediction) and `alone` (one step at a
-time: `_predicted_alone`); serving has them overlap part of the time. The other processes on
-this machine change from minute to minute, so a calibration serves only the runs right after
-it, and the figures are medians over the rounds:
+Prints one figure per line as `name: value unit`. The scenario is `scenarios/loans_cpu.toml`:
+three tenants (scaled-down random-weight Llama-3-8B and two Qwen2.5-1.5B on CPU; at full size
+with `--device cuda`), one executor device each, one torch thread per device worker, served
+through the replay driver on the executor (`replay/real.py`) on a wall clock. The hot tenant's
+long prompts keep its device busy; the calm ones idle until a burst at 2.5 s takes their devices
+back. Under `slicesched` the loans happen (staged shards, an overflow replica loaded from host
+memory and stopped when its lender's burst comes, its requests moved home with their KV; steps
+tensor-parallel over home and lent devices where the what-if, priced by the calibration, says
+they pay).
 
-- `<scheduler>_output_tokens_per_s`: real output tokens generated over the run's wall time
-  (first arrival to last token);
-- `<scheduler>_ttft_p50_ms` / `_tpot_p50_ms`: measured; `_predicted` by the simulator on the
-  same scenario, trace and decisions, and `_ratio`, predicted / measured (the median of the
-  rounds' ratios); likewise `_predicted_alone` and `_ratio_alone`;
-- `<scheduler>_eager_mismatches`: requests whose tokens differ from eager greedy generation
-  (summed over rounds);
-- `dispatch_us_per_slice`: median over model steps of the executor's time per slice outside the
-  model's stages in the served runs (hand-over to the device worker, stage events, GMG updates,
-  until the driver holds the step's tokens), and `dispatch_mean_us_per_slice` their mean (the
-  slow hand-overs of a loaded machine included); `calibrated_dispatch_us_per_slice`: the mean the
-  calibration measured (it also counts building, adding and retiring the step's graph), which
-  the prediction adds to every slice.
+Each of ROUNDS (default 3) rounds first calibrates (`replay.real.calibrate`: the served models'
+real steps through the executor over a grid of batch shapes, apart from any served run, every
+device stepping at once), then serves the trace under each scheduler and has the simulator
+predict it (`replay.real.predict`: the same scenario and trace, the scheduler deciding in the
+simulator, priced by that calibration). The machine's other load changes from minute to minute,
+so a calibration serves only the runs right after it; figures are medians over rounds
+(`rounds: ...` lists each), and `load_avg_1m` says how busy the machine was.
+
+Per scheduler (`serving_<scheduler>_...`): `ttft_p50_ms`, `ttft_p99_ms`, `tpot_p50_ms`,
+`tpot_p99_ms` measured; `..._predicted_ms` and `..._ratio` (predicted / measured);
+`output_tokens_per_s` (generated tokens over first arrival to last token); `requests`, `ooms`;
+`token_mismatches` (requests whose tokens differ from eager greedy generation, summed over
+rounds). For slicesched, what its loans did on the devices (`ExecutorBackend.loan_report`,
+summed over rounds): `wide_iterations` (whole, MLP-only and mixed), `whole_iterations`,
+`mlp_only_iterations`, `wide_fallbacks` (wide stages a lender refused, run at home),
+`shards_staged`, `guests_started` (models loaded from host memory), `guests_stopped`,
+`weight_bytes_moved`, `kv_bytes_moved` (mirror syncs, KV copied home, requests moved home).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
-import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from slicesched.config import parse_scenario
-from slicesched.executor.serving import build_model, greedy_reference
+from slicesched.config import load_scenario
 from slicesched.cost import CalibratedCostModel
+from slicesched.executor.serving import build_model, greedy_reference
 from slicesched.replay.real import calibrate, predict, real_setup, serve
 
-SCENARIO = """
-name = "two-cpu"
-seed = 7
-[cluster]
-devices_per_node = 2
-[[tenants]]
-name = "a"
-model = "llama-3-8b"
-max_batch_tokens = 128
-[[tenants]]
-name = "b"
-model = "qwen2.5-1.5b"
-max_batch_tokens = 128
-[[streams]]
-source = "synthetic"
-tenants = ["a"]
-rate = 12.0
-cv = 2.0
-prompt_mean = 96
-output_mean = 24
-[[streams]]
-source = "synthetic"
-tenants = ["b"]
-rate = 3.0
-prompt_mean = 192
-output_mean = 16
-[replay]
-duration_s = 3
-drain_s = 30
-"""
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "scenarios" / "loans_cpu.toml"
+SCHEDULERS = ("dedicated", "slicesched")
+LOANS = {"wide_iterations": "iterations", "whole_iterations": "iterations", "mlp_only_iterations": "iterations",
+         "wide_fallbacks": "stages", "shards_staged": "stages", "models_loaded": "replicas",
+         "weight_bytes_moved": "bytes", "kv_bytes_moved": "bytes"}
+RENAME = {"models_loaded": "guests_started"}
 
 
-def _p50(requests, what: str) -> float:
-    return float(np.nanmedian([getattr(r, f"{what}_s") for r in requests]) * 1e3)
+def _pct(requests, what: str, q: float) -> float:
+    return float(np.nanpercentile([getattr(r, f"{what}_s") for r in requests], q) * 1e3)
 
 
-def _round(setup, eager, figs: dict[str, list[float]], dispatch: list[float]) -> None:
-    """Calibrate (together, alone), then serve and predict under each scheduler."""
-    costs = {"": CalibratedCostModel(calibrate(setup, together=True)),
-             "_alone": CalibratedCostModel(calibrate(setup, together=False))}
-    figs.setdefault("calibrated_dispatch_us_per_slice", []).append(costs[""].stages.dispatch_s["cpu"] * 1e6)
-    for name in ("dedicated", "slicesched"):
-        run = serve(setup, name, cost=costs[""])
+def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float]) -> None:
+    cost = CalibratedCostModel(calibrate(setup, together=True))
+    for name in SCHEDULERS:
+        run = serve(setup, name, cost=cost)
         res = run.result
+        pred = predict(setup, name, cost)
         tokens = sum(r.num_generated for r in res.requests)
         got = {"requests": len(res.requests), "ooms": res.stats.ooms,
-               "output_tokens_per_s": tokens / (res.makespan_s - min(r.arrival_s for r in res.requests)),
-               "eager_mismatches": sum(tuple(r.output_ids or ()) != eager(r) for r in res.requests)}
-        for tag, cost in costs.items():
-            pred = predict(setup, name, cost)
-            for what in ("ttft", "tpot"):
-                a, b = _p50(res.requests, what), _p50(pred.requests, what)
-                got |= {f"{what}_p50_ms": a, f"{what}_p50_predicted{tag}_ms": b, f"{what}_p50_ratio{tag}": b / a}
+               "output_tokens_per_s": tokens / (res.makespan_s - min(r.arrival_s for r in res.requests))}
+        for what in ("ttft", "tpot"):
+            for q in (50, 99):
+                a, b = _pct(res.requests, what, q), _pct(pred.requests, what, q)
+                got |= {f"{what}_p{q}_ms": a, f"{what}_p{q}_predicted_ms": b, f"{what}_p{q}_ratio": b / a}
         for k, v in got.items():
-            figs.setdefault(f"{name}_{k}", []).append(v)
-        dispatch += run.dispatch_s
+            figs.setdefault(f"serving_{name}_{k}", []).append(v)
+        key = f"serving_{name}_token_mismatches"
+        sums[key] = sums.get(key, 0) + sum(tuple(r.output_ids or ()) != eager(r) for r in res.requests)
+        if name == "slicesched":
+            for k in LOANS:
+                key = f"serving_slicesched_{RENAME.get(k, k)}"
+                sums[key] = sums.get(key, 0) + run.loans[k]
+            key = "serving_slicesched_guests_stopped"
+            sums[key] = sums.get(key, 0) + res.stats.scheduler_report.get("guest_stops", 0)
 
 
-UNITS = {"requests": "requests", "tokens_per_s": "tok/s", "mismatches": "requests", "ooms": "events", "ms": "ms",
-         "per_slice": "us"}
-
-
-def _print(figs: dict[str, list[float]]) -> None:
-    for k, v in sorted(figs.items()):
-        unit = next((u for suffix, u in UNITS.items() if k.endswith(suffix)), "x")
-        if k.endswith(("mismatches", "ooms")):
-            print(f"{k}: {sum(v):.0f} {unit}")
-        else:
-            rounds = "" if len(v) == 1 else f" (rounds: {', '.join(f'{x:.2f}' for x in v)})"
-            print(f"{k}: {statistics.median(v):.2f} {unit}{rounds}")
+def _unit(name: str) -> str:
+    for suffix, unit in (("_ms", "ms"), ("_ratio", "x"), ("tokens_per_s", "tok/s"), ("requests", "requests"),
+                         ("ooms", "events"), ("mismatches", "requests"), ("bytes_moved", "bytes"),
+                         ("guests_stopped", "replicas")):
+        if name.endswith(suffix):
+            return unit
+    return next((u for k, u in LOANS.items() if name.endswith(RENAME.get(k, k))), "x")
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    setup = real_setup(parse_scenario(tomllib.loads(SCENARIO)), Path(tempfile.mkdtemp(prefix="serving-bench-")))
-    models = {t: build_model(setup.configs[t], setup.seeds[t]) for t in setup.configs}
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rounds", nargs="?", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="torch device of every executor device (cuda: full-size models)")
+    ap.add_argument("--out", type=Path, help="also write the figures to FOLDER/serving.json")
+    args = ap.parse_args()
+    setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
+                       torch_device=args.device, **({} if args.device == "cpu" else {"device_memory_bytes": 20e9}))
+    models = {t: build_model(setup.configs[t], setup.seeds[t], args.device) for t in setup.configs}
     refs: dict[tuple, tuple[int, ...]] = {}  # every round serves the same requests
 
     def eager(r) -> tuple[int, ...]:
@@ -130,14 +113,24 @@ def main() -> None:
         return refs[key]
 
     figs: dict[str, list[float]] = {}
-    dispatch: list[float] = []
-    for _ in range(rounds):
-        _round(setup, eager, figs, dispatch)
+    sums: dict[str, float] = {}
+    for _ in range(args.rounds):
+        _round(setup, eager, figs, sums)
     print("cost_model: calibrated on the served models' steps before each round")
-    print(f"rounds: {rounds}")
-    _print(figs)
-    print(f"dispatch_us_per_slice: {statistics.median(dispatch) * 1e6:.1f} us")
-    print(f"dispatch_mean_us_per_slice: {statistics.fmean(dispatch) * 1e6:.1f} us")
+    print(f"device: {args.device}")
+    print(f"rounds: {args.rounds}")
+    print(f"load_avg_1m: {os.getloadavg()[0]:.2f} processes")
+    out = {}
+    for k, v in sorted(figs.items()):
+        rounds = "" if len(v) == 1 else f" (rounds: {', '.join(f'{x:.2f}' for x in v)})"
+        out[k] = statistics.median(v)
+        print(f"{k}: {out[k]:.2f} {_unit(k)}{rounds}")
+    for k, v in sorted(sums.items()):
+        out[k] = v
+        print(f"{k}: {v:.0f} {_unit(k)}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "serving.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -146,6 +146,8 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
     from slicesched.replay.checks import check_out, check_run_options, check_scenario
     from slicesched.replay.experiment import summarize_run
     from slicesched.replay.real import predict, prediction_table, print_prediction, real_setup, scenario_cost, serve
+    import pandas as pd
+
     from slicesched.replay.report import comparison_table, print_table, write_outputs
 
     check_run_options(rate_scales=rate_scale, duration_s=duration)
@@ -158,11 +160,15 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
     setup = real_setup(sc, Path(tempfile.mkdtemp(prefix="slicesched-served-")), memory_mib * 2**20)
     cost = scenario_cost(setup.scenario, str(profile) if profile else None)
     names, scales = list(scheduler or sc.replay.schedulers), list(rate_scale or sc.replay.rate_scales)
-    served, predicted = [], []
+    served, predicted, loans = [], [], []
     for k in scales:
         for name in names:
             typer.echo(f"serving {sc.name} under {name} x{k:g} ...")
-            served.append(serve(setup, name, rate_scale=k, window_s=duration, cost=cost).result)
+            run = serve(setup, name, rate_scale=k, window_s=duration, cost=cost)
+            served.append(run.result)
+            loans.append({"scheduler": name, "rate_scale": k, **run.loans})
+            if run.loans["shards_staged"] or run.loans["models_loaded"] or run.loans["wide_iterations"]:
+                typer.echo(_loans_line(run.loans))
             predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration))
     runs = [summarize_run(r, sc.seed) for r in served]
     df = comparison_table(runs)
@@ -173,8 +179,16 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
     print_prediction(pred, f"simulator ({'calibrated on ' + profile.name if profile else 'roofline'}) beside measured")
     folder = write_outputs(out, runs, df, {"name": sc.name, "scenario": sc.source_path, "schedulers": names,
                                           "rate_scales": scales, "backend": "executor"},
-                           plots, force=force, extra=lambda f: pred.to_csv(f / "predicted.csv", index=False))
+                           plots, force=force, extra=lambda f: (pred.to_csv(f / "predicted.csv", index=False),
+                                                                pd.DataFrame(loans).to_csv(f / "loans.csv", index=False)))
     typer.echo(f"wrote {folder}/ ({', '.join(sorted(p.name for p in folder.iterdir()))})")
+
+
+def _loans_line(d: dict[str, float]) -> str:
+    return (f"  loans run on the devices: {d['wide_iterations']:.0f} wide iterations ({d['whole_iterations']:.0f} whole, "
+            f"{d['mlp_only_iterations']:.0f} MLP-only), {d['shards_staged']:.0f} shard stages, {d['models_loaded']:.0f} "
+            f"overflow replicas loaded, {d['weight_bytes_moved'] / 1e6:.1f} MB of weights and "
+            f"{d['kv_bytes_moved'] / 1e6:.1f} MB of KV moved")
 
 
 def _capacity_settings(seeds: int, sla_range: tuple[float, float] | None):

@@ -30,13 +30,17 @@ class SlicePlacement:
 @dataclass(frozen=True, slots=True)
 class WeightCopy:
     """Make `tenant`'s weight block resident on `dst_device`, copied from `src_device`
-    (-1: from host memory over PCIe)."""
+    (-1: from host memory over PCIe). With `degree` > 1, only the shard of rank `rank` of a
+    tensor-parallel group of `degree` devices (its `nbytes`): what a backend that computes
+    needs to cut the block, and what one that prices it ignores."""
 
     tenant: str
     block: int
     src_device: int
     dst_device: int
     nbytes: float = 0.0  # bytes to copy (a shard for a wider tensor-parallel group); 0: the source's block
+    rank: int = 0
+    degree: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,10 @@ class ShardStage:
         return self.bytes_per_device + self.kv_mirror_bytes
 
     def weight_copies(self) -> tuple[WeightCopy, ...]:
-        return tuple(WeightCopy(self.tenant, b, src, dst, nb) for src, dst in zip(self.src_devices, self.devices)
+        """The shards, device i of `devices` holding rank len(home) + i of the union."""
+        degree = len(self.home) + len(self.devices)
+        return tuple(WeightCopy(self.tenant, b, src, dst, nb, len(self.home) + i, degree)
+                     for i, (src, dst) in enumerate(zip(self.src_devices, self.devices))
                      for b, nb in zip(self.blocks, self.shard_bytes))
 
 

@@ -3,18 +3,15 @@ executor backend's memory budget, aborts and refusals as the replay driver uses 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+
+from step_helpers import BT, HandFed, add_step, served_backend
 
 from slicesched.decisions import SchedulerDecision, SlicePlacement, StepInputs
 from slicesched.errors import InputError
-from slicesched.executor import DeviceConfig, Executor, ExecutorBackend
 from slicesched.executor.serving import PagedModel, build_model, greedy_reference, scaled_config, shipped_config, spec_of
-from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, build_iteration
-from slicesched.hardware import Cluster, Container
 from slicesched.serving import PagedKVBlockManager
 
-BT = 16
 
 
 @pytest.fixture(scope="module", params=["llama-3-8b", "qwen2.5-1.5b"])
@@ -23,33 +20,10 @@ def model(request):
     return cfg, build_model(cfg, seed=3)
 
 
-class _Seqs:
-    """Requests fed to a PagedModel by hand, the way the engine feeds them."""
-
-    def __init__(self, paged: PagedModel, prompts: dict[int, tuple[int, ...]]) -> None:
-        self.paged, self.kv = paged, PagedKVBlockManager(32, BT)
-        self.seqs = {r: list(p) for r, p in prompts.items()}
-        self.done = dict.fromkeys(prompts, 0)
-
-    def step(self, entries: list[tuple[int, int]]) -> None:
-        feeds, ctxs, tables = [], [], []
-        for r, n in entries:
-            c = self.done[r]
-            assert self.kv.allocate(r, c + n)
-            feeds.append(tuple(self.seqs[r][c:c + n]))
-            ctxs.append(c)
-            tables.append(self.kv.block_table(r))
-        out = self.paged.run(StepInputs(("t", 0), 32, BT, tuple(feeds), tuple(ctxs), tuple(tables)), lambda i: None)
-        for (r, n), tok in zip(entries, out):
-            self.done[r] += n
-            if self.done[r] == len(self.seqs[r]):
-                self.seqs[r].append(tok)
-
-
 def test_paged_model_with_chunked_prefill_and_decodes_equals_eager_greedy_generation(model):
     _, m = model
     prompts = {0: tuple(range(5, 42)), 1: tuple(range(300, 309))}
-    s = _Seqs(PagedModel(m), prompts)
+    s = HandFed(PagedModel(m), prompts)
     s.step([(0, 20), (1, 9)])  # a prefill chunk beside a whole prompt
     s.step([(1, 1), (0, 17)])  # a decode beside the prompt's last chunk
     for _ in range(5):
@@ -90,29 +64,10 @@ def test_models_outside_the_llama_family_are_refused_in_one_line():
 
 # ---- the executor backend, as the replay driver calls it -------------------------------------
 
-def _backend(budget: float = float("inf"), devices: int = 1):
-    cfg = scaled_config(shipped_config("llama-3-8b"))
-    spec = spec_of(cfg, "a")
-    cluster = Cluster.homogeneous("cpu", 1, devices)
-    gmg = GlobalMappingGraph(cluster, {"a": spec}, {"a": Container("a", (0,))})
-    ex = Executor([DeviceConfig("cpu", budget) for _ in range(devices)])
-    be = ExecutorBackend(ex, gmg, {"a": lambda dev: PagedModel(build_model(cfg, 1, str(dev)))})
-    return be, spec, ex
-
-
-def _step(be: ExecutorBackend, spec, prompt: tuple[int, ...], group: int = 0):
-    kv = PagedKVBlockManager(8, BT)
-    kv.allocate(7, len(prompt))
-    graph = build_iteration(spec, BatchShape(np.array([len(prompt)]), np.array([0]), 1), 1, Grain.BLOCK, "a", 1)
-    h = be.add_iteration(graph, home=group, inputs=StepInputs(("a", group), 8, BT, (prompt,), (0,),
-                                                                (kv.block_table(7),)))
-    return h, SchedulerDecision(be.now, (SlicePlacement(h.slice_base, group, h.num_slices),))
-
-
 def test_a_model_step_finishes_with_its_greedy_token_and_every_slice_completed():
-    be, spec, ex = _backend()
+    be, spec, ex = served_backend()
     try:
-        h, dec = _step(be, spec, (4, 5, 6))
+        h, dec = add_step(be, spec, (4, 5, 6))
         out = be.execute(dec, wake="iteration")
         while h.key not in out.finished_iterations:
             out = be.execute(SchedulerDecision(be.now), wake="iteration")
@@ -125,7 +80,7 @@ def test_a_model_step_finishes_with_its_greedy_token_and_every_slice_completed()
 
 
 def test_kv_beyond_the_device_budget_is_refused_as_an_oom_reported_in_the_next_outcome():
-    be, spec, ex = _backend(budget=8e6)
+    be, spec, ex = served_backend(budget=8e6)
     try:
         assert be.alloc_kv(0, 1e6, "a") is None
         oom = be.alloc_kv(0, 7.5e6, "a")
@@ -138,9 +93,9 @@ def test_kv_beyond_the_device_budget_is_refused_as_an_oom_reported_in_the_next_o
 
 
 def test_a_step_whose_activations_exceed_the_budget_is_unplaced_and_runs_once_room_is_made():
-    be, spec, ex = _backend(budget=5e6)  # the model's ~3.8 MB of weights fit
+    be, spec, ex = served_backend(budget=5e6)  # the model's ~3.8 MB of weights fit
     try:
-        h, dec = _step(be, spec, tuple(range(40)))
+        h, dec = add_step(be, spec, tuple(range(40)))
         assert be.alloc_kv(0, 1.1e6, "a") is None  # leaves no room for the step's activations
         out = be.execute(dec, until=be.now + 5)
         assert [o.what for o in out.ooms] == ["activation"] and not out.finished_iterations
@@ -153,9 +108,9 @@ def test_a_step_whose_activations_exceed_the_budget_is_unplaced_and_runs_once_ro
 
 
 def test_an_aborted_step_reports_nothing_more():
-    be, spec, ex = _backend()
+    be, spec, ex = served_backend()
     try:
-        h, dec = _step(be, spec, tuple(range(30)))
+        h, dec = add_step(be, spec, tuple(range(30)))
         be.apply(dec)
         be.abort_iteration(h.key)
         out = be.execute(SchedulerDecision(be.now), until=be.now + 0.5)
@@ -164,34 +119,20 @@ def test_an_aborted_step_reports_nothing_more():
         ex.close()
 
 
-def test_a_step_placed_on_a_multi_device_group_is_refused():
-    be, spec, ex = _backend(devices=2)
+def test_a_step_placed_on_a_group_without_its_home_device_is_refused():
+    """A model step runs at home or over home plus devices lent to it; device 1 alone is neither."""
+    be, spec, ex = served_backend(devices=2)
     try:
-        h, _ = _step(be, spec, (1, 2, 3))
-        wide = be.gmg.cluster.group_id((0, 1))
-        with pytest.raises(ValueError, match="one device"):
-            be.apply(SchedulerDecision(be.now, (SlicePlacement(h.slice_base, wide, h.num_slices),)))
-    finally:
-        ex.close()
-
-
-def test_a_step_whose_slices_are_placed_on_two_devices_is_refused_naming_both():
-    """A model step runs whole on one device (its stages share one PagedModel's KV pool): half
-    its slices on group 0 and the rest on group 1 is refused before anything runs."""
-    be, spec, ex = _backend(devices=2)
-    try:
-        h, _ = _step(be, spec, (1, 2, 3))
-        half = h.num_slices // 2
-        with pytest.raises(ValueError, match="devices 0 and 1"):
-            be.apply(SchedulerDecision(be.now, (SlicePlacement(h.slice_base, 0, half),
-                                                SlicePlacement(h.slice_base + half, 1, h.num_slices - half))))
+        h, _ = add_step(be, spec, (1, 2, 3))
+        with pytest.raises(ValueError, match="runs at home"):
+            be.apply(SchedulerDecision(be.now, (SlicePlacement(h.slice_base, 1, h.num_slices),)))
         assert not be.in_flight
     finally:
         ex.close()
 
 
 def test_with_nothing_running_execute_waits_for_until_on_the_wall_clock():
-    be, _, ex = _backend()
+    be, _, ex = served_backend()
     try:
         t0 = be.now
         out = be.execute(SchedulerDecision(t0), until=t0 + 0.2, wake="iteration")

@@ -13,7 +13,8 @@ from slicesched.cost import CalibratedCostModel
 from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
 from slicesched.executor.calibration import StepShape
-from slicesched.executor.serving import PagedModel, build_model, greedy_reference
+from real_helpers import eager_models, mismatches
+from slicesched.executor.serving import PagedModel
 from slicesched.gmg import BatchShape, build_iteration
 from slicesched.models.spec import model_spec
 from slicesched.replay.real import calibrate, predict, real_setup, scenario_cost, serve
@@ -56,12 +57,7 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eager(setup):
-    return {t: build_model(setup.configs[t], setup.seeds[t]) for t in setup.configs}
-
-
-def _mismatches(requests, eager) -> list[int]:
-    return [r.id for r in requests
-            if tuple(r.output_ids or ()) != greedy_reference(eager[r.tenant], r.prompt_ids, r.num_generated)]
+    return eager_models(setup)
 
 
 @pytest.mark.parametrize("scheduler", ["dedicated", "slicesched", "aegaeon"])
@@ -69,7 +65,7 @@ def test_two_tenants_get_the_tokens_of_eager_greedy_generation_request_for_reque
     res = serve(setup, scheduler).result
     assert {r.tenant for r in res.requests} == {"a", "b"} and len(res.requests) >= 6
     assert all(r.is_finished and r.num_generated == r.output_tokens for r in res.requests)
-    assert _mismatches(res.requests, eager) == []
+    assert mismatches(res.requests, eager) == []
 
 
 def test_a_budget_violation_is_an_oom_event_and_no_request_is_lost(setup, eager):
@@ -97,7 +93,7 @@ def test_a_budget_violation_is_an_oom_event_and_no_request_is_lost(setup, eager)
     assert res.stats.ooms > 0 and {o.what for o in res.ooms} == {"kv"} and {o.device for o in res.ooms} == {0}
     assert len(res.requests) == len([r for r in res.requests if r.is_finished])
     assert any(r.num_preemptions for r in res.requests if r.tenant == "a")
-    assert _mismatches(res.requests, eager) == []
+    assert mismatches(res.requests, eager) == []
 
 
 def test_the_prediction_replays_the_same_requests_in_the_simulator(setup):
@@ -123,17 +119,20 @@ def test_a_prediction_from_a_calibration_of_constant_stages_gives_every_request_
 
 def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(setup):
     """The real calibration (a short one): its profile has stage fits for every block of both
-    served models, so a `CalibratedCostModel` over it prices their graphs by those alone."""
+    served models, at home and tensor-parallel over their device and the other (the wide steps
+    of loans), so a `CalibratedCostModel` over it prices their graphs by those alone."""
     grid = (StepShape.of((1, 20)), StepShape.of((1, 20), (1, 40)), StepShape.of((24, 0)), StepShape.of((8, 16)))
     prof = calibrate(setup, repeats=1, grid=grid)
     df = prof.df
     assert (df["time_s"] > 0).all() and set(df["kind"]) == {"stage_embed", "stage_attention", "stage_mlp",
                                                           "stage_head", "dispatch"}
-    assert len(df) == 2 * len(grid) * (6 + 1)  # per tenant and shape: 6 stages of 2 layers, 1 dispatch
+    # per tenant, shape and degree (1, 2): 6 stages of 2 layers, 1 dispatch
+    assert len(df) == 2 * len(grid) * 2 * (6 + 1)
     cost = CalibratedCostModel(prof)
     for t in setup.scenario.tenants:
-        g = build_iteration(model_spec(t.model), BatchShape.decode(2, 30), 1)
-        assert cost.stages.stage_times(g, "cpu") is not None
+        for tp in (1, 2):
+            g = build_iteration(model_spec(t.model), BatchShape.decode(2, 30), tp)
+            assert cost.stages.stage_times(g, "cpu") is not None
     assert cost.stages.dispatch_s["cpu"] > 0
 
 

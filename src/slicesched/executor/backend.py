@@ -10,10 +10,12 @@ Two kinds of iteration run here:
     scheduler.update(outcome)
 
 A model step (real serving, `executor/serving.py`) runs one engine batch of a tenant's
-`PagedModel` on the single device its slices are placed on, stage by stage on that device's
-compute worker; each graph slice completes when the stage holding its last op ends, and the
-finished iteration reports every entry's greedy next token (`StepOutcome.tokens`). A captured
-program runs each slice where it is placed (`Run`).
+`PagedModel` on its home device's compute worker, stage by stage, each stage at home or
+tensor-parallel over home and lent devices as placed (`executor/steps.py`, `wide.py`); each
+graph slice completes when the stage holding its last op ends, and the finished iteration
+reports every entry's greedy next token (`StepOutcome.tokens`). A captured program runs each
+slice where it is placed (`Run`). Loans (staged shards, models loaded from host memory, KV
+moved between replicas) are `ModelSteps`'s; the what-if service is `whatif.py`'s.
 
 The backend is the only writer of the GMG here (mapping, start/finish, weight residency), as
 with the simulator. GMG calls happen in the caller's thread only: worker threads report
@@ -33,7 +35,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from slicesched.executor.program import SlicedProgram
@@ -42,7 +43,9 @@ from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel
 from slicesched.executor.tp import GroupRun, TPProgram
-from slicesched.errors import InputError
+from slicesched.executor.steps import ModelSteps
+from slicesched.executor.whatif import ExecutorWhatIf
+from slicesched.cost import CostModel
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
 from slicesched.executor.node_costs import value_bytes
 from slicesched.gmg.ops import IterationGraph
@@ -59,28 +62,6 @@ class _Live:
     in_flight: int = 0
 
 
-@dataclass(slots=True, eq=False)
-class _Step:
-    """A model-step iteration: what it computes and how far its slices are reported."""
-
-    handle: IterationHandle
-    inputs: StepInputs
-    last_stage: np.ndarray  # per slice, the model stage holding its last op
-    act_bytes: float  # activations charged while it runs: the most bytes one slice writes
-    mapped: int = 0  # slices placed so far
-    device: int = -1  # where it runs, once submitted
-    reported: int = 0  # slices reported done, in slice order
-    last_end: float = 0.0
-    cancelled: bool = False
-    placed_t: float = 0.0  # executor clock when it was handed to its device
-    run_s: float = 0.0  # seconds inside the model's stages (written by the worker)
-    started: float = 0.0  # executor clock when the worker began them
-
-
-#: (iteration key, stage done (-1: none), its end time, tokens, OOM, last event of the step) from a device worker
-_StepEvent = tuple[int, int, float, "tuple[int, ...] | None", "OOMEvent | None", bool]
-
-
 class ExecutorBackend:
     """Runs scheduler decisions on an `Executor`; device d of the executor is cluster device d.
 
@@ -88,11 +69,9 @@ class ExecutorBackend:
     same weights on every device): a model step of the tenant needs one.
     """
 
-    what_if = None  # no what-if service here: forks are the simulator's
-
     def __init__(self, executor: Executor, gmg: GlobalMappingGraph,
                  models: Mapping[str, Callable[[torch.device], PagedModel]] | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, cost: CostModel | None = None) -> None:
         if gmg.cluster.num_devices > executor.num_devices:
             raise ValueError(f"the cluster has {gmg.cluster.num_devices} devices, the executor "
                              f"{executor.num_devices}")
@@ -106,18 +85,16 @@ class ExecutorBackend:
         self._results: dict[int, RunResult] = {}
         self._weights: dict[tuple[str, int], dict[int, torch.Tensor]] = {}  # (tenant, block) -> tensors
         self.failed: set[int] = set()
-        self._factories = dict(models or {})
-        self.computes_tokens = bool(self._factories)
-        self._models: dict[tuple[str, int], PagedModel] = {}  # (tenant, device) -> resident model
-        self._steps: dict[int, _Step] = {}
-        self._steps_running = 0
+        self.computes_tokens = bool(models)
+        self.served = ModelSteps(executor, gmg, models or {}, self._events, self.t0)
         self._ooms: list[OOMEvent] = []  # reported in the next outcome
         self._kv: dict[tuple[str, int], float] = {}  # (tenant, device) -> KV bytes charged
         self.record = record
         self.op_events = 0  # slices run
         self._timeline: list[tuple[str, int, int, float, float]] = []  # (tenant, device, slice, start, end)
-        self.dispatch_s: list[float] = []  # per model step: seconds per slice outside the model's stages
-        self.runs: list[tuple[float, float]] = []  # per model step (the same order): (start, seconds) inside them
+        self.version = 0  # bumped by every change of the state the GMG shows (the what-if rebuilds on it)
+        # the what-if service: the simulator started from this state, priced by `cost` (none without one)
+        self.what_if = ExecutorWhatIf(self, cost) if cost is not None else None
 
     @property
     def now(self) -> float:
@@ -125,22 +102,45 @@ class ExecutorBackend:
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight + len(self._pending) + self._steps_running
+        return self._in_flight + len(self._pending) + self.served.running
+
+    def loan_report(self) -> dict[str, float]:
+        """What the loans did on the devices: wide iterations and stages run, shards staged,
+        models loaded from host memory, weight and KV bytes moved (`executor/steps.py`, `wide.py`)."""
+        ln, w = self.served.loans, self.served.wide.stats
+        return {"wide_iterations": ln.whole_iterations + ln.mlp_iterations + ln.mixed_iterations,
+                "whole_iterations": ln.whole_iterations, "mlp_only_iterations": ln.mlp_iterations,
+                "wide_stages": w.stages, "wide_fallbacks": w.fallbacks, "shards_staged": ln.shards_staged,
+                "models_loaded": ln.models_loaded, "weight_bytes_moved": ln.weight_bytes_moved,
+                "kv_bytes_moved": w.kv_to_mirror_bytes + w.kv_home_bytes + ln.kv_moved_bytes,
+                "kv_requests_moved_bytes": ln.kv_moved_bytes}
+
+    @property
+    def dispatch_s(self) -> list[float]:
+        """Per model step: seconds per slice outside the model's stages."""
+        return self.served.dispatch_s
+
+    @property
+    def runs(self) -> list[tuple[float, float]]:
+        """Per model step (the order of `dispatch_s`): (start, seconds) inside the model's stages."""
+        return self.served.runs
 
     # ---- iterations -----------------------------------------------------------------------
     def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: StepInputs | None = None
                       ) -> IterationHandle:
         """Register a model step of `graph.tenant` (`inputs`: its batch) at `now`."""
-        if inputs is None or graph.tenant not in self._factories:
+        if inputs is None or graph.tenant not in self.served.factories:
             raise ValueError(f"a model step of {graph.tenant!r} needs inputs and that tenant's model "
                              "(a captured program goes through gmg.add_iteration and submit)")
-        if home >= 0:  # the replica's model is resident before its KV is charged (`alloc_kv`)
-            self._model(graph.tenant, self._device(home))
+        if home < 0:
+            raise ValueError(f"a model step of {graph.tenant!r} needs its replica's home group")
+        device = self._device(home)
+        if not self.served.models:  # the first step: every replica's home weights, before any loan
+            self.served.load_homes()
+        self.served.model(graph.tenant, device)  # resident before its KV is charged (`alloc_kv`)
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
-        last = np.zeros(graph.num_slices, np.int64)
-        np.maximum.at(last, graph.slice_of, _stages(graph.wblock))
-        act = float(graph.slice_sum(graph.out_bytes).max()) if graph.num_ops else 0.0
-        self._steps[h.key] = _Step(h, inputs, last, act, last_end=self.now)
+        self.served.add(h, graph, inputs, device, self.now)
+        self.version += 1
         return h
 
     def submit(self, handle: IterationHandle, program: SlicedProgram, args: Sequence[Any],
@@ -224,11 +224,17 @@ class ExecutorBackend:
 
     def apply(self, decision: SchedulerDecision) -> None:
         """Evictions, weight copies, then placements, at `now`; refusals are reported as OOMs."""
+        if not decision.empty:
+            self.version += 1
         for ev in decision.evictions:
             self.executor.evict(list(self._weights.get((ev.tenant, ev.block), {}).values()), ev.device)
-            self._evict_model(ev.tenant, ev.device)
+            self.served.evict(ev)
             self.gmg.evict_weights(ev.tenant, ev.block, ev.device)
         for wc in decision.weight_copies:
+            if wc.tenant in self.served.factories:  # a served model's block or shard: landed later
+                oom = self.served.copy_weights(wc)
+                self._ooms += [oom] if oom is not None else []
+                continue
             tensors = list(self._weights.get((wc.tenant, wc.block), {}).values())
             # A tensor-parallel tenant's block is one shard per rank: copy the source rank's.
             shard = [t for t in tensors if self.executor.home_of(t) == wc.src_device]
@@ -248,102 +254,7 @@ class ExecutorBackend:
 
     # ---- model steps ----------------------------------------------------------------------
     def _place_step(self, p: SlicePlacement) -> None:
-        """A model step runs whole on one device: start it once all its slices are placed there."""
-        key = int(self.gmg.get("iteration", p.first_slice))
-        st = self._steps.get(key)
-        if st is None:
-            return
-        device = self._device(p.group)
-        if st.mapped and st.device != device:
-            raise ValueError(f"iteration {key} of {st.handle.tenant!r}: a model step runs on one device, "
-                             f"its slices were placed on devices {st.device} and {device}")
-        st.mapped, st.device = st.mapped + p.num_slices, device
-        if st.mapped >= st.handle.num_slices:
-            self._start_step(st)
-
-    def _start_step(self, st: _Step) -> None:
-        model = self._model(st.handle.tenant, st.device)
-        dev = self.executor.devices[st.device]
-        key, events, clock = st.handle.key, self._events, self.executor.clock
-        self._steps_running += 1
-        st.placed_t = clock()
-
-        def job() -> None:
-            if st.cancelled:  # aborted while queued
-                events.put((key, -1, clock(), None, None, True))
-                return
-            oom = dev.reserve(st.act_bytes, "activation", st.handle.tenant)
-            if oom is not None:
-                events.put((key, -1, clock(), None, oom, True))
-                return
-            out, t0, last = None, clock(), model.num_stages - 1
-            st.started = t0
-            # the last stage is reported with the tokens: an iteration finishes with its outputs
-            stage = lambda i: i < last and events.put((key, i, clock(), None, None, False))  # noqa: E731
-            try:
-                out = model.run(st.inputs, stage, lambda: st.cancelled)
-                st.run_s = clock() - t0
-            except Exception as e:  # re-raised in the caller's thread (`_on_step_event`)
-                events.put((key, -1, clock(), None, e, True))
-                return
-            finally:
-                dev.release(st.act_bytes)
-            events.put((key, last if out is not None else -1, clock(), out, None, True))
-
-        dev.submit(job)
-
-    def _model(self, tenant: str, device: int) -> PagedModel:
-        """The tenant's model resident on `device`, its weights charged to the budget once."""
-        m = self._models.get((tenant, device))
-        if m is None:
-            dev = self.executor.devices[device]
-            m = self._factories[tenant](dev.torch_device)
-            oom = dev.reserve(float(m.weight_bytes()), "weights", tenant)
-            if oom is not None:
-                raise InputError(f"device {device}: the weights of {tenant!r} ({m.weight_bytes()} bytes) "
-                                 f"exceed its memory budget ({dev.cfg.budget_bytes:.0f} bytes, {dev.used:.0f} in use)")
-            self._models[(tenant, device)] = m
-        return m
-
-    def _evict_model(self, tenant: str, device: int) -> None:
-        m = self._models.pop((tenant, device), None)
-        if m is not None:
-            self.executor.devices[device].release(float(m.weight_bytes()), weights=True)
-
-    def _on_step_event(self, ev: _StepEvent, completed: list[SliceCompletion], finished: list[int],
-                       tokens: list[tuple[int, tuple[int, ...]]]) -> None:
-        key, stage, t, out, oom, last = ev
-        if last:
-            self._steps_running -= 1
-        st = self._steps.get(key)
-        if st is None:  # aborted while it ran
-            return
-        if isinstance(oom, Exception):
-            raise RuntimeError(f"model step {key} of {st.handle.tenant!r} failed: {oom}") from oom
-        if oom is not None:  # refused at its start: unplaced, to be placed again
-            self._ooms.append(dataclasses.replace(oom, time=oom.time - self.t0))
-            self.gmg.map(st.handle.slice_base, -1, st.handle.num_slices)
-            st.mapped, st.device = 0, -1
-            return
-        end = t - self.t0
-        base, group = st.handle.slice_base, int(self.gmg.get("group", st.handle.slice_base))
-        while st.reported < st.handle.num_slices and st.last_stage[st.reported] <= stage:
-            sid = base + st.reported
-            self.gmg.start(sid, st.last_end)
-            _, done = self.gmg.finish(sid, end)
-            completed.append(SliceCompletion(sid, group, st.last_end, end))
-            if self.record:
-                self._timeline.append((st.handle.tenant, st.device, st.reported, st.last_end, end))
-            st.reported += 1
-            st.last_end = end
-            self.op_events += 1
-            if done is not None:
-                finished.append(done)
-        if out is not None:
-            tokens.append((key, out))
-            spent = self.executor.clock() - st.placed_t  # handed over -> its tokens here
-            self.dispatch_s.append((spent - st.run_s) / st.handle.num_slices)
-            self.runs.append((st.started - self.t0, st.run_s))
+        self.served.place(p, int(self.gmg.get("iteration", p.first_slice)))
 
     def alloc_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> OOMEvent | None:
         """Charge `nbytes` of KV on each device's budget, all or nothing (the pool's real tensors
@@ -359,6 +270,8 @@ class ExecutorBackend:
                 return oom
         for d in devs:
             self._kv[(tenant, d)] = self._kv.get((tenant, d), 0.0) + nbytes
+            self.gmg.mem_kv[d] += nbytes  # where schedulers and the what-if read KV held
+        self.version += 1
         return None
 
     def free_kv(self, devices: int | Sequence[int], nbytes: float, tenant: str) -> None:
@@ -367,19 +280,31 @@ class ExecutorBackend:
             raise ValueError(f"free_kv: {tenant} holds less than {nbytes} bytes of KV on {devs}")
         for d in devs:
             self._kv[(tenant, d)] -= nbytes
+            self.gmg.mem_kv[d] -= nbytes
             self.executor.devices[d].release(nbytes)
+        self.version += 1
+
+    def save_kv(self, pool: tuple, device: int, table: tuple[int, ...], tokens: int, block_tokens: int) -> object:
+        """A copy, in host memory, of a request's KV (every layer) in a served model's pool."""
+        return self.served.save_kv(pool, device, table, tokens, block_tokens)
+
+    def restore_kv(self, saved: object, pool: tuple, device: int, num_blocks: int, table: tuple[int, ...],
+                   block_tokens: int) -> None:
+        self.served.restore_kv(saved, pool, device, num_blocks, table, block_tokens)  # type: ignore[arg-type]
 
     def retire(self, key: int) -> IterationGraph:
         """Forget a finished iteration (a model step's tokens were reported with it)."""
-        self._steps.pop(key, None)
+        self.served.steps.pop(key, None)
+        self.version += 1
         return self.gmg.retire(key)
 
     def abort_iteration(self, key: int) -> IterationGraph:
         """Drop a live model step: it stops at its next stage boundary, its results are dropped."""
-        st = self._steps.pop(key, None)
+        st = self.served.steps.pop(key, None)
         if st is None:
             raise ValueError(f"abort_iteration: {key} is not a live model step")
         st.cancelled = True  # its worker's remaining events find it gone
+        self.version += 1
         return self.gmg.abort(key)
 
     def stop_recording(self) -> None:
@@ -388,7 +313,7 @@ class ExecutorBackend:
     def perfetto(self, ops: bool = True) -> dict:
         """Measured slices as Chrome/Perfetto trace JSON (one track per device; no op detail)."""
         ev = [{"name": f"{t} slice {s}", "ph": "X", "pid": d, "tid": 0, "ts": a * 1e6, "dur": (b - a) * 1e6}
-              for t, d, s, a, b in self._timeline]
+              for t, d, s, a, b in self._timeline + self.served.timeline]
         meta = [{"name": "process_name", "ph": "M", "pid": d, "args": {"name": f"device {d}"}}
                 for d in range(self.executor.num_devices)]
         return {"traceEvents": meta + ev, "displayTimeUnit": "ms"}
@@ -440,9 +365,14 @@ class ExecutorBackend:
         completed: list[SliceCompletion] = []
         finished: list[int] = []
         tokens: list[tuple[int, tuple[int, ...]]] = []
+        for tenant, device, block in self.served.landed():  # weight copies that landed (woke us: a 1-tuple)
+            self.gmg.add_weights(tenant, block, device, self.served.charged[(tenant, device)][block])
         for ev in events:  # a device worker reports in order; steps of different devices interleave
             if len(ev) == 6:
-                self._on_step_event(ev, completed, finished, tokens)
+                self.served.on_event(ev, completed, finished, tokens, self._ooms, self.record)
+        self.op_events += len(completed)
+        if events:
+            self.version += 1
         for key, rec, oom in sorted((e for e in events if len(e) == 3), key=lambda e: e[1].end):
             self._in_flight -= 1
             live = self._live[key]
@@ -474,9 +404,3 @@ class ExecutorBackend:
             self._slice.pop(live.handle.slice_base + local, None)
             self._pending.pop(live.handle.slice_base + local, None)
 
-
-def _stages(wblock: np.ndarray) -> np.ndarray:
-    """Per op, the `PagedModel` stage that computes it, from its weight block (`gmg.builder`:
-    attention and MLP of layer l are blocks 2l and 2l+1, the embedding 2L, the head 2L+1)."""
-    head = int(wblock.max())
-    return np.where(wblock == head - 1, 0, np.where(wblock == head, head, wblock + 1))

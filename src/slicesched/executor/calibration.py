@@ -30,7 +30,7 @@ import torch
 
 from slicesched.cost.profile import Profile
 from slicesched.cost.stages import DISPATCH, STAGES, batch_features, block_stage, graph_block_weights
-from slicesched.decisions import SchedulerDecision, SlicePlacement, StepInputs
+from slicesched.decisions import SchedulerDecision, SlicePlacement, StepInputs, WeightCopy
 from slicesched.executor.backend import ExecutorBackend
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel
@@ -78,15 +78,17 @@ class _Job:
     tables: tuple[tuple[int, ...], ...]
     feed: tuple[tuple[int, ...], ...]
     warm: tuple[tuple[int, ...], ...]  # the context each sequence holds before it (written once)
+    lender: int = -1  # >= 0: the step runs tensor-parallel over its device and this one (a wide step)
 
 
 def _jobs(models: Mapping[str, ModelSpec], devices: Mapping[str, int], grid: Sequence[StepShape],
-          seed: int) -> tuple[list[_Job], int]:
-    """Every (tenant, shape) with disjoint KV blocks; the pool size they need."""
+          seed: int, lenders: Mapping[str, int]) -> tuple[list[_Job], int]:
+    """Every (tenant, shape) with disjoint KV blocks, at home and, for a tenant with a lender,
+    over home and lender; the pool size they need."""
     rng = np.random.default_rng(seed)
     jobs, next_block = [], 0
     for tenant, spec in models.items():
-        for s in grid:
+        for s, lender in [(s, -1) for s in grid] + [(s, lenders[tenant]) for s in grid if tenant in lenders]:
             tables = []
             for n, c in zip(s.new, s.context):
                 need = -(-(n + c) // BLOCK_TOKENS)
@@ -94,7 +96,7 @@ def _jobs(models: Mapping[str, ModelSpec], devices: Mapping[str, int], grid: Seq
                 next_block += need
             ids = [tuple(int(x) for x in rng.integers(0, spec.vocab, n + c)) for n, c in zip(s.new, s.context)]
             jobs.append(_Job(tenant, devices[tenant], s, tuple(tables), tuple(i[c:] for i, c in zip(ids, s.context)),
-                             tuple(i[:c] for i, c in zip(ids, s.context))))
+                             tuple(i[:c] for i, c in zip(ids, s.context)), lender))
     return jobs, next_block
 
 
@@ -115,11 +117,13 @@ def _run(backend: ExecutorBackend, models: Mapping[str, ModelSpec], steps: Seque
     for job, inputs in steps:
         new = np.array([len(f) for f in inputs.token_ids], np.int64)
         shape = BatchShape(new, np.array(inputs.context_lens_before, np.int64), len(new))
-        graphs.append(build_iteration(models[job.tenant], shape, 1, Grain.BLOCK, job.tenant, 0))
+        tp = 1 if job.lender < 0 else 2
+        graphs.append(build_iteration(models[job.tenant], shape, tp, Grain.BLOCK, job.tenant, 0))
         handles.append(backend.add_iteration(graphs[-1], home=backend.gmg.cluster.group_id((job.device,)),
                                              inputs=inputs))
-    place = tuple(SlicePlacement(h.slice_base, int(backend.gmg.get("home", h.slice_base)), h.num_slices)
-                  for h in handles)
+    cluster = backend.gmg.cluster
+    place = tuple(SlicePlacement(h.slice_base, cluster.group_id((j.device,) if j.lender < 0 else (j.device, j.lender)),
+                                 h.num_slices) for h, (j, _) in zip(handles, steps))
     ends, turn, run = {}, {}, {}
     out = backend.execute(SchedulerDecision(backend.now, place), wake="iteration")
     while True:
@@ -141,6 +145,27 @@ def _run(backend: ExecutorBackend, models: Mapping[str, ModelSpec], steps: Seque
     return res
 
 
+def _stage_lenders(backend: ExecutorBackend, models: Mapping[str, ModelSpec], devices: Mapping[str, int]
+                   ) -> dict[str, int]:
+    """Stage each tenant's TP-2 shards on the next device (its lender in wide steps) and wait for
+    them to land; tenants whose heads do not split in two get none."""
+    n = backend.executor.num_devices
+    if n < 2:
+        return {}
+    lenders = {}
+    for tenant, d in devices.items():
+        model = backend.served.model(tenant, d)
+        if model.heads % 2 or model.model.config.intermediate_size % 2:
+            continue
+        lenders[tenant] = (d + 1) % n
+        copies = tuple(WeightCopy(tenant, b, d, lenders[tenant], 0.0, 1, 2) for b in range(2 * models[tenant].layers + 2))
+        backend.apply(SchedulerDecision(backend.now, weight_copies=copies))
+    gmg = backend.gmg
+    while not all(gmg.weights_on(t, 0, 2 * models[t].layers + 1, (dev,)) for t, dev in lenders.items()):
+        backend.execute(SchedulerDecision(backend.now), until=backend.now + 0.05)
+    return lenders
+
+
 def _rows(graph: IterationGraph, stages: np.ndarray, dispatch: np.ndarray, device: str) -> list[dict]:
     """Profile rows of one (tenant, shape): each stage's mean seconds and the dispatch's."""
     feats = batch_features(graph)
@@ -160,31 +185,40 @@ def _rows(graph: IterationGraph, stages: np.ndarray, dispatch: np.ndarray, devic
 
 def _rounds(jobs: Sequence[_Job], repeats: int, together: bool, rng: np.random.Generator) -> list[list[int]]:
     """Which jobs run at once, round after round: one at a time, or (`together`) one job of
-    every device at once, each device's jobs in a new shuffled order every repeat."""
+    every device at once, each device's jobs in a new shuffled order every repeat. A wide job
+    shares its round with home jobs only: two wide steps whose homes lend to each other would
+    wait on each other's devices (SliceScheduler never lends a borrower's devices)."""
     if not together:
         return [[int(i)] for _ in range(repeats) for i in rng.permutation(len(jobs))]
     per_device: dict[int, list[int]] = {}
+    wide = [i for i, j in enumerate(jobs) if j.lender >= 0]
     for i, j in enumerate(jobs):
-        per_device.setdefault(j.device, []).append(i)
+        if j.lender < 0:
+            per_device.setdefault(j.device, []).append(i)
     out = []
     for _ in range(repeats):
-        lists = [list(rng.permutation(ids)) for ids in per_device.values()]
-        for k in range(max(map(len, lists))):
-            out.append([int(ids[k % len(ids)]) for ids in lists])
+        lists = {d: list(rng.permutation(ids)) for d, ids in per_device.items()}
+        for k in range(max(map(len, lists.values()))):
+            out.append([int(ids[k % len(ids)]) for ids in lists.values()])
+        for k, i in enumerate(rng.permutation(wide).tolist()):
+            out.append([i] + [int(ids[k % len(ids)]) for d, ids in lists.items() if d != jobs[i].device])
     return out
 
 
 def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, Callable[[torch.device], PagedModel]],
                       executor: Executor, devices: Mapping[str, int], grid: Sequence[StepShape] = GRID,
-                      repeats: int = 10, together: bool = False, seed: int = 0) -> Profile:
+                      repeats: int = 10, together: bool = False, seed: int = 0, wide: bool = True) -> Profile:
     """Time every tenant's steps over `grid` on its device of `executor` (`devices`: tenant ->
     device) and return them as a profile (stage and dispatch rows). `together`: every device
     runs one of its steps at the same time (the devices then contend for the host, as served
-    tenants do); else one step at a time."""
+    tenants do); else one step at a time. `wide`: each tenant's steps also run tensor-parallel
+    over its device and the next one (shards staged there), priced as its TP-2 blocks: the wide
+    iterations SliceScheduler's loans run (`executor/wide.py`)."""
     cluster = Cluster.homogeneous("cpu", 1, executor.num_devices, intra_link="local")
     gmg = GlobalMappingGraph(cluster, dict(models), {t: Container(t, (d,)) for t, d in devices.items()})
     backend = ExecutorBackend(executor, gmg, factories)
-    jobs, blocks = _jobs(models, devices, grid, seed)
+    lenders = _stage_lenders(backend, models, devices) if wide else {}
+    jobs, blocks = _jobs(models, devices, grid, seed, lenders)
     samples: list[list[tuple[np.ndarray, float]]] = [[] for _ in jobs]
     graphs: list[IterationGraph | None] = [None] * len(jobs)
     for j in jobs:  # write each job's context once, then run it once: warms the models up

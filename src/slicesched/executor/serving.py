@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -103,7 +104,7 @@ class PagedModel:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self._pools: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.pools: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def num_stages(self) -> int:
@@ -112,81 +113,155 @@ class PagedModel:
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def _pool(self, inputs: StepInputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, K and V of every token slot of the replica's pool ([slots, kv_heads, head_dim]).
+    def pool(self, key: tuple, num_blocks: int, block_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, K and V of every token slot of replica pool `key` ([slots, kv_heads, head_dim]).
         `torch.empty`: pages are touched only as blocks get written (the memory budget charges
         the blocks the engine holds, `ExecutorBackend.alloc_kv`)."""
-        slots = inputs.num_blocks * inputs.block_tokens
-        pool = self._pools.get(inputs.pool)
+        slots = num_blocks * block_tokens
+        pool = self.pools.get(key)
         if pool is None or pool[0][0].shape[0] != slots:
             shape = (slots, self.kv_heads, self.head_dim)
             pool = [(torch.empty(shape, dtype=self.dtype, device=self.device),
                      torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in self.inner.layers]
-            self._pools[inputs.pool] = pool
+            self.pools[key] = pool
         return pool
 
     def run(self, inputs: StepInputs, on_stage: Callable[[int], None],
             cancelled: Callable[[], bool] = lambda: False) -> tuple[int, ...] | None:
         """Compute one batch; `on_stage(i)` after each stage; None if cancelled between stages."""
         with torch.inference_mode():
-            return self._run(inputs, on_stage, cancelled)
+            st = self.prepare(inputs)
+            on_stage(0)
+            for i in range(1, self.num_stages - 1):
+                if cancelled():
+                    return None
+                self.stage(i, st)
+                on_stage(i)
+            out = self.finish(st)
+            on_stage(self.num_stages - 1)
+            return out
 
-    def _run(self, inputs: StepInputs, on_stage: Callable[[int], None],
-             cancelled: Callable[[], bool]) -> tuple[int, ...] | None:
+    def prepare(self, inputs: StepInputs) -> "StepState":
+        """Stage 0: the batch's positions, pool slots and masks, and the embedding (call under
+        `torch.inference_mode`)."""
         dev, bt = self.device, inputs.block_tokens
-        pool = self._pool(inputs)
+        pool = self.pool(inputs.pool, inputs.num_blocks, bt)
         lens = [len(f) for f in inputs.token_ids]
         ids = torch.tensor([t for f in inputs.token_ids for t in f], device=dev)
         pos = torch.cat([torch.arange(c, c + n) for c, n in zip(inputs.context_lens_before, lens)]).to(dev)
         # the pool slot of every position a sequence holds after this step (block ids -> token slots)
-        held = [_slots(table, c + n, bt).to(dev) for table, c, n in zip(inputs.block_tables,
+        held = [slots_of(table, c + n, bt).to(dev) for table, c, n in zip(inputs.block_tables,
                                                                          inputs.context_lens_before, lens)]
         new = torch.cat([h[c:] for h, c in zip(held, inputs.context_lens_before)])
         masks = [torch.arange(c + n, device=dev)[None, :] <= (c + torch.arange(n, device=dev))[:, None]
                  for c, n in zip(inputs.context_lens_before, lens)]
         h = self.inner.embed_tokens(ids)[None]
         cos, sin = self.inner.rotary_emb(h, pos[None])
-        on_stage(0)
-        for i, layer in enumerate(self.inner.layers):
-            if cancelled():
-                return None
-            h = h + self._attention(layer, h, cos, sin, pool[i], new, held, masks, lens)
-            on_stage(1 + 2 * i)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-            on_stage(2 + 2 * i)
-        last = torch.tensor(lens, device=dev).cumsum(0) - 1
-        logits = self.model.lm_head(self.inner.norm(h[0, last]))
-        on_stage(self.num_stages - 1)
+        return StepState(inputs.pool, pool, lens, held, new, masks, cos, sin, h)
+
+    def stage(self, i: int, st: "StepState") -> None:
+        """Stage i (1 .. num_stages-2) of the batch, all of it on this device: st.h advances."""
+        layer = self.inner.layers[(i - 1) // 2]
+        if i % 2:
+            st.h = st.h + self._attention(layer, st.h, st.cos, st.sin, st.pool[(i - 1) // 2], st.new, st.held,
+                                          st.masks, st.lens)
+        else:
+            st.h = st.h + layer.mlp(layer.post_attention_layernorm(st.h))
+
+    def finish(self, st: "StepState") -> tuple[int, ...]:
+        """The head: each entry's greedy next token."""
+        last = torch.tensor(st.lens, device=self.device).cumsum(0) - 1
+        logits = self.model.lm_head(self.inner.norm(st.h[0, last]))
         return tuple(int(x) for x in logits.argmax(-1).tolist())
 
     def _attention(self, layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv: tuple[torch.Tensor, torch.Tensor], new: torch.Tensor, held: list[torch.Tensor],
                    masks: list[torch.Tensor], lens: list[int]) -> torch.Tensor:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        a = layer.self_attn
+        return attend(AttentionWeights.of(layer), layer.input_layernorm(h), cos, sin, kv, new, held, masks, lens,
+                      range(self.heads), self.heads // self.kv_heads, self.head_dim, a.scaling)
 
-        a, t = layer.self_attn, h.shape[1]
-        x = layer.input_layernorm(h)
-        q = a.q_proj(x).view(1, t, self.heads, self.head_dim)
-        k = a.k_proj(x).view(1, t, self.kv_heads, self.head_dim)
-        v = a.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
-        if hasattr(a, "q_norm"):  # qwen3 normalizes q and k per head before the rotation
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        kp, vp = kv
-        kp[new] = k[0].transpose(0, 1)
-        vp[new] = v[0]
-        rep, outs, off = self.heads // self.kv_heads, [], 0
-        for slots, mask, n in zip(held, masks, lens):
+
+@dataclass(slots=True)
+class StepState:
+    """One batch in flight on its home device: what every stage reads, and the hidden state."""
+
+    key: tuple  # the replica's pool (`StepInputs.pool`)
+    pool: list[tuple[torch.Tensor, torch.Tensor]]
+    lens: list[int]
+    held: list[torch.Tensor]
+    new: torch.Tensor
+    masks: list[torch.Tensor]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    h: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionWeights:
+    """The projections of some q heads (and the KV heads they read) of one attention block:
+    views of the full weights at home, real copies on a device holding a staged shard."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor  # [hidden, heads x head_dim]: the o_proj columns of these heads
+    bq: torch.Tensor | None = None
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
+    bo: torch.Tensor | None = None  # added once, by the part holding head 0
+    q_norm: torch.nn.Module | None = None
+    k_norm: torch.nn.Module | None = None
+
+    @staticmethod
+    def of(layer: torch.nn.Module) -> "AttentionWeights":
+        a = layer.self_attn
+        return AttentionWeights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
+                                a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.bias,
+                                getattr(a, "q_norm", None), getattr(a, "k_norm", None))
+
+
+def attend(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           kv: tuple[torch.Tensor, torch.Tensor], new: torch.Tensor, held: list[torch.Tensor],
+           masks: list[torch.Tensor], lens: list[int], q_heads: range, rep: int, head_dim: int,
+           scaling: float) -> torch.Tensor:
+    """Attention of q heads `q_heads` over a paged pool `kv` holding the KV heads they read
+    (`q // rep`, numbered from the first of them): the new tokens' K/V are written to the pool
+    at slots `new`, and the output is these heads' part of o_proj (the whole of it when
+    `q_heads` are all the heads; a partial sum to all-reduce otherwise)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    t, nq = x.shape[1], len(q_heads)
+    first_kv = q_heads.start // rep
+    nkv = (q_heads.stop - 1) // rep - first_kv + 1
+    q = torch.nn.functional.linear(x, w.q, w.bq).view(1, t, nq, head_dim)
+    k = torch.nn.functional.linear(x, w.k, w.bk).view(1, t, nkv, head_dim)
+    v = torch.nn.functional.linear(x, w.v, w.bv).view(1, t, nkv, head_dim)
+    if w.q_norm is not None:  # qwen3 normalizes q and k per head before the rotation
+        q, k = w.q_norm(q), w.k_norm(k)
+    q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    kp, vp = kv
+    kp[new] = k[0].transpose(0, 1)
+    vp[new] = v[0]
+    # q head j reads KV head j // rep; index the pool's heads once per step, not per sequence
+    which = torch.tensor([j // rep - first_kv for j in q_heads], device=x.device)
+    same = nkv * rep == nq and q_heads.start % rep == 0
+    outs, off = [], 0
+    for slots, mask, n in zip(held, masks, lens):
+        if same:
             keys = kp[slots].transpose(0, 1)[None].repeat_interleave(rep, dim=1)
             vals = vp[slots].transpose(0, 1)[None].repeat_interleave(rep, dim=1)
-            outs.append(torch.nn.functional.scaled_dot_product_attention(
-                q[:, :, off:off + n], keys, vals, attn_mask=mask, scale=a.scaling))
-            off += n
-        o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, t, self.heads * self.head_dim)
-        return a.o_proj(o)
+        else:
+            keys = kp[slots][:, which].transpose(0, 1)[None]
+            vals = vp[slots][:, which].transpose(0, 1)[None]
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, off:off + n], keys, vals, attn_mask=mask, scale=scaling))
+        off += n
+    o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, t, nq * head_dim)
+    return torch.nn.functional.linear(o, w.o, w.bo if q_heads.start == 0 else None)
 
 
-def _slots(table: tuple[int, ...], n: int, block_tokens: int) -> torch.Tensor:
+def slots_of(table: tuple[int, ...], n: int, block_tokens: int) -> torch.Tensor:
     """Pool slots of positions 0..n-1 of a sequence whose blocks are `table`."""
     p = torch.arange(n)
     return torch.tensor(table, dtype=torch.long)[p // block_tokens] * block_tokens + p % block_tokens

@@ -171,8 +171,7 @@ class ReplayDriver:
                     self.gmg.add_weights(r.tenant, blk, d, float(weights[blk]))
         stage_kv = stage_kv_bytes_per_token(m, r.tp, r.pp) if r.pp > 1 else ()
         per_tok = max(stage_kv) if stage_kv else m.kv_bytes_per_token() / r.tp
-        pool = PagedKVBlockManager if self.backend.computes_tokens else KVBlockManager  # real KV needs block ids
-        kv = pool(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
+        kv = self.kv_pool(max(blocks_for(kv_pool, per_tok, BLOCK_TOKENS), 1))
         engine = TenantEngine(r.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=r.pp)
         self.apply_serving_rules(engine, r)
@@ -182,6 +181,11 @@ class ReplayDriver:
         links = tuple(self.cluster.group_link(a, b) for a, b in zip(groups, groups[1:]))
         return ReplicaState(r, groups[0], engine, per_tok, pipe=Pipeline(groups, links), stage_kv=stage_kv,
                             stage_charged=[0.0] * r.pp)
+
+    def kv_pool(self, num_blocks: int) -> KVBlockManager:
+        """A replica's KV block manager: with block ids where the backend holds real KV."""
+        pool = PagedKVBlockManager if self.backend.computes_tokens else KVBlockManager
+        return pool(num_blocks, BLOCK_TOKENS)
 
     def apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
         """The batching and admission policies the scheduler supplies, on a new engine of replica `r`."""
@@ -417,7 +421,7 @@ class ReplayDriver:
             seq = req.prompt_ids[:req.prompt_tokens] + tuple(req.output_ids)
             feeds.append(seq[ctx:ctx + n])
             tables.append(eng.kv.block_table(rid))
-        return StepInputs((rs.replica.tenant, rs.group), eng.kv.num_blocks, BLOCK_TOKENS, tuple(feeds),
+        return StepInputs((rs.replica.tenant, rs.group), eng.kv.num_ids, BLOCK_TOKENS, tuple(feeds),
                           batch.context_lens_before, tuple(tables))
 
     def _run_stage(self, rs: ReplicaState, mb: MicroBatch) -> None:

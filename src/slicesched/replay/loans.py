@@ -24,7 +24,7 @@ from slicesched.decisions import (GuestStart, GuestStop, SchedulerDecision, Shar
 from slicesched.gmg import block_weight_bytes
 from slicesched.replay.deployment import Replica
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState, least_loaded
-from slicesched.serving import KVBlockManager, Request, RequestState, TenantEngine, blocks_for
+from slicesched.serving import Request, RequestState, TenantEngine, blocks_for
 
 if TYPE_CHECKING:
     from slicesched.replay.driver import ReplayDriver
@@ -50,6 +50,7 @@ class Loans:
         self.shards_staged = 0
         self.shard_bytes_moved = 0.0
         self.kv_bytes_moved = 0.0
+        self.saved_kv: dict[int, object] = {}  # request id -> its KV contents on the way home (real KV only)
 
     def shard_leases(self) -> tuple[ShardLease, ...]:
         return tuple(ShardLease(ls.stage.tenant, ls.stage.home, ls.stage.devices, ls.stage.blocks,
@@ -73,7 +74,7 @@ class Loans:
         self.drv.backend.apply(SchedulerDecision(now, weight_copies=g.weight_copies(len(weights))))
         per_tok = m.kv_bytes_per_token() / len(devs)
         cfg = self.drv.cfg[g.tenant]
-        kv = KVBlockManager(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1), BLOCK_TOKENS)
+        kv = self.drv.kv_pool(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1))
         engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
                                                                         home.engine.max_model_len))
@@ -136,7 +137,16 @@ class Loans:
         m = self.drv.models[rs.replica.tenant]
         moving: dict[ReplicaState, list[Request]] = {}
         booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)  # tokens already on their way there
-        for req in rs.engine.hand_over():
+        backend = self.drv.backend
+
+        def keep_kv(req: Request) -> None:  # a backend with real KV copies it out before the blocks go
+            if req.num_computed_tokens and backend.computes_tokens:
+                saved = backend.save_kv((rs.replica.tenant, rs.group), rs.replica.devices[0],
+                                        rs.engine.kv.block_table(req.id), req.num_computed_tokens, BLOCK_TOKENS)
+                if saved is not None:
+                    self.saved_kv[req.id] = saved
+
+        for req in rs.engine.hand_over(keep_kv):
             need = req.num_computed_tokens
             room = [h for h in homes if need and h.engine.kv.num_free * h.engine.kv.block_tokens - booked[h] >= need]
             if room:
@@ -144,6 +154,7 @@ class Loans:
                 moving.setdefault(h, []).append(req)
                 booked[h] += need
                 continue
+            self.saved_kv.pop(req.id, None)
             if need:  # no home has room for its KV: recomputed
                 req.preempt()
             elif req.state is RequestState.RUNNING:  # admitted, nothing computed yet: queued again
@@ -154,16 +165,22 @@ class Loans:
             # each device holds 1/tp of the KV: the devices copy their shares side by side
             nbytes = tokens * m.kv_bytes_per_token() / len(rs.replica.devices)
             self.kv_bytes_moved += nbytes * len(rs.replica.devices)
-            t = now + self.drv.cost.transfer_time(nbytes, self.drv.cluster.link(rs.replica.devices[0], h.replica.devices[0]))
+            # real KV was copied out already (its time is the wall clock's); simulated KV takes the link's time
+            t = now if backend.computes_tokens else now + self.drv.cost.transfer_time(
+                nbytes, self.drv.cluster.link(rs.replica.devices[0], h.replica.devices[0]))
             self.drv.events.kv_landing(t, h, reqs)
 
     def land_kv(self, h: ReplicaState, reqs: list[Request], now: float) -> ReplicaState:
         """Moved KV caches landed at `h`: their requests resume there (recomputed if the room
         went meanwhile)."""
         for req in reqs:
+            saved = self.saved_kv.pop(req.id, None)
             if not h.engine.adopt_running(req, now):
                 req.preempt()
                 h.engine.adopt(req, now)
+            elif saved is not None:
+                self.drv.backend.restore_kv(saved, (h.replica.tenant, h.group), h.replica.devices[0],
+                                            h.engine.kv.num_ids, h.engine.kv.block_table(req.id), BLOCK_TOKENS)
         self.drv.charge_kv(h, now)
         return h
 
@@ -227,7 +244,7 @@ class Loans:
         iteration to the mirror) takes this long over the link; 0 for any other iteration."""
         rs, batch = self.drv.inflight[key]
         ls = self.lease_of(rs)
-        if ls is None:
+        if ls is None or self.drv.backend.computes_tokens:  # real KV: the step copied it home itself
             return 0.0
         it = self.drv.gmg.iterations[key]
         union = self.drv.cluster.group_id(tuple(ls.stage.home) + tuple(ls.stage.devices))

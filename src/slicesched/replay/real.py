@@ -55,9 +55,10 @@ class RealSetup:
 
 
 def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_DEVICE_MEMORY,
-               torch_device: str = "cpu") -> RealSetup:
-    """Scaled-down models on CPU devices (`torch_device="cpu"`), full ones on a CUDA device."""
-    scaled = torch.device(torch_device).type == "cpu"
+               torch_device: str = "cpu", scaled: bool | None = None) -> RealSetup:
+    """Scaled-down models on CPU devices (`torch_device="cpu"`), full ones on a CUDA device
+    (`scaled`: either way on any device)."""
+    scaled = torch.device(torch_device).type == "cpu" if scaled is None else scaled
     folder.mkdir(parents=True, exist_ok=True)
     configs, seeds, tenants = {}, {}, []
     for i, t in enumerate(sc.tenants):
@@ -69,7 +70,7 @@ def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_
         tenants.append(t.model_copy(update={"model": str(path)}))
     cpu = {"device": "cpu", "intra_link": "local"}
     cluster = sc.cluster
-    if scaled:
+    if scaled and torch.device(torch_device).type == "cpu":
         cluster = (cluster.model_copy(update={"node_groups": tuple(g.model_copy(update=cpu) for g in cluster.node_groups)})
                    if cluster.node_groups else cluster.model_copy(update=cpu))
     served = sc.model_copy(update={"tenants": tenants, "cluster": cluster})
@@ -89,7 +90,8 @@ def _factories(setup: RealSetup) -> dict:
     built = {t: build_model(setup.configs[t], setup.seeds[t], setup.torch_device) for t in setup.configs}
 
     def make(tenant: str, device: torch.device) -> PagedModel:
-        if device.type == "cpu" or device == next(built[tenant].parameters()).device:
+        have = next(built[tenant].parameters()).device
+        if device.type == "cpu" or (device.type == have.type and device.index in (None, have.index)):
             return PagedModel(built[tenant])
         return PagedModel(build_model(setup.configs[tenant], setup.seeds[tenant], str(device)))
 
@@ -119,6 +121,7 @@ class RealRun:
     result: RunResult
     dispatch_s: list[float]  # per slice run: executor time outside the model's stages
     wall_s: float
+    loans: dict[str, float] = field(default_factory=dict)  # what loans did on the devices (`loan_report`)
 
 
 def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s: float | None = None,
@@ -138,8 +141,8 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         torch.set_num_threads(1)
     made: list[ExecutorBackend] = []
 
-    def backend(gmg: GlobalMappingGraph, _cost: CostModel) -> ExecutorBackend:
-        made.append(ExecutorBackend(executor, gmg, factories))
+    def backend(gmg: GlobalMappingGraph, priced: CostModel) -> ExecutorBackend:
+        made.append(ExecutorBackend(executor, gmg, factories, cost=priced))
         return made[-1]
 
     try:
@@ -159,7 +162,7 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         torch.set_num_threads(threads)
         if own:
             executor.close()
-    return RealRun(res, made[0].dispatch_s, res.stats.wall_s)
+    return RealRun(res, made[0].dispatch_s, res.stats.wall_s, made[0].loan_report())
 
 
 def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
@@ -169,16 +172,9 @@ def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: fl
     window = sc.replay.duration_s if window_s is None else window_s
     driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                           rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
-                          backend=lambda gmg, c: _AsExecutor(gmg, c, record=False),
+                          backend=lambda gmg, c: Simulator(gmg, c, record=False),
                           device_memory_bytes=setup.device_memory_bytes)
     return driver.run()
-
-
-class _AsExecutor(Simulator):
-    """The simulator offering what the executor offers: no what-if service, so that SliceScheduler
-    makes the same own-group decisions it makes on the executor (no leases)."""
-
-    what_if = None
 
 
 def prediction_table(measured: list[RunResult], predicted: list[RunResult]) -> pd.DataFrame:

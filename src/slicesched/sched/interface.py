@@ -258,6 +258,17 @@ class Backend(Protocol):
 
     def free_kv(self, devices: "int | Sequence[int]", nbytes: float, tenant: str) -> None: ...
 
+    def save_kv(self, pool: tuple, device: int, table: tuple[int, ...], tokens: int, block_tokens: int) -> object:
+        """The contents of the first `tokens` KV slots of a request (blocks `table` of replica
+        pool `pool` on `device`), for `restore_kv` once the request has blocks elsewhere. None
+        where KV has no contents (the simulator counts KV in bytes; a move's time is the driver's)."""
+        ...
+
+    def restore_kv(self, saved: object, pool: tuple, device: int, num_blocks: int, table: tuple[int, ...],
+                   block_tokens: int) -> None:
+        """Write what `save_kv` kept into blocks `table` of pool `pool` on `device`."""
+        ...
+
     def retire(self, key: int) -> "IterationGraph":
         """Forget a finished iteration (after the driver read what it needs of it)."""
         ...

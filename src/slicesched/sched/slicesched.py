@@ -72,7 +72,7 @@ def _mlp_mask(model: str, tp: int, grain, n: int, graph: IterationGraph) -> np.n
     if m is None:
         wb = graph.wblock.astype(np.int64)
         lo, hi = np.minimum.reduceat(wb, graph.slice_first), np.maximum.reduceat(wb, graph.slice_first)
-        L2 = 2 * model_spec(model).layers
+        L2 = int(wb.max()) - 1  # blocks 0 .. 2L-1 are layers' (the embedding 2L, the head 2L+1)
         m = _MASKS[key] = (lo == hi) & (lo % 2 == 1) & (lo < L2)
     return m
 
@@ -307,13 +307,13 @@ class SliceScheduler(LendingMixin, Scheduler):
         if lease.mirror_bytes <= 0:
             return MLP
         graph = gmg.iterations[key].graph
-        per_tok = model_spec(graph.model).kv_bytes_per_token() / (len(lease.home) + len(lease.devices))
+        per_tok = model_spec(self.models[graph.tenant]).kv_bytes_per_token() / (len(lease.home) + len(lease.devices))
         return WHOLE if lease.mirror_used + graph.shape.num_tokens * per_tok <= lease.mirror_bytes else MLP
 
     def _sync_estimate(self, gmg: GlobalMappingGraph, key: int, lease: Lease) -> float:
         """Cost-model seconds to copy a whole-wide iteration's borrowed KV heads home."""
         graph = gmg.iterations[key].graph
-        nbytes = graph.shape.num_tokens * model_spec(graph.model).kv_bytes_per_token() / (
+        nbytes = graph.shape.num_tokens * model_spec(self.models[graph.tenant]).kv_bytes_per_token() / (
             len(lease.home) + len(lease.devices))
         return self.cost.transfer_time(nbytes, gmg.cluster.link(lease.home[0], lease.devices[0]))
 

@@ -272,15 +272,18 @@ class TenantEngine:
         self._plan.clear()
         return out
 
-    def hand_over(self) -> list[Request]:
+    def hand_over(self, before_free: "Callable[[Request], None] | None" = None) -> list[Request]:
         """Give up every unfinished request with its progress (the replica is going away and its
         KV cache moves to another replica, see `adopt_running`): in-flight batches are dropped
-        (their progress is lost), blocks freed here. Returns running requests, then waiting ones,
-        each in arrival order."""
+        (their progress is lost), blocks freed here, each running request passed to
+        `before_free` first (its blocks still held). Returns running requests, then waiting
+        ones, each in arrival order."""
         self._inflight.clear()
         self._busy.clear()
         running, self._running = self._running, []
         for r in running:
+            if before_free is not None:
+                before_free(r)
             self.kv.free(r.id)
         return running + self._give_up_waiting()
 

@@ -118,6 +118,11 @@ class PagedKVBlockManager(KVBlockManager):
     def block_table(self, req_id: Hashable) -> tuple[int, ...]:
         return tuple(self._tables.get(req_id, ()))
 
+    @property
+    def num_ids(self) -> int:
+        """Block ids in use anywhere: the pool's blocks, lent ones included (ids stay below it)."""
+        return self.num_blocks + len(self._lent_ids)
+
     def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
         have = self._held.get(req_id, 0)
         if not super().allocate(req_id, n_tokens):

@@ -27,7 +27,7 @@ from slicesched.sim.events import Event, Prio
 from slicesched.sim.forks import Forks, MappingReads, rebuild_heap, retimed
 from slicesched.sim.iterinfo import IterInfo
 from slicesched.sim.lifecycle import Lifecycle
-from slicesched.sim.memory import ACT, MemoryLedger
+from slicesched.sim.memory import ACT, BytesOnlyKV, MemoryLedger
 from slicesched.sim.network import Network
 from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.placement import Placement
@@ -46,7 +46,7 @@ _SLICE_END, _XFER_END = int(Prio.SLICE_END), int(Prio.XFER_END)
 _new_run = tuple.__new__  # Run(...) without the generated __new__'s Python frame (hot loop)
 
 
-class Simulator:
+class Simulator(BytesOnlyKV):
     """Discrete-event backend over a GMG (see module docstring). Mutates the GMG it is given.
 
     perturbation: reality's deviation from the cost model (None: predict exactly by it);

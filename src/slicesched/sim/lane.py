@@ -36,7 +36,7 @@ from slicesched.decisions import OOMEvent, SchedulerDecision, StepOutcome
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
 from slicesched.gmg.ops import IterationGraph
 from slicesched.sim.iterinfo import is_pure_chain
-from slicesched.sim.memory import ACT, KV, MemoryLedger
+from slicesched.sim.memory import ACT, KV, BytesOnlyKV, MemoryLedger
 from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.timing import TimingCache, slice_times
 
@@ -68,7 +68,7 @@ class _Live:
     ops_written: int = 0
 
 
-class IterationLane:
+class IterationLane(BytesOnlyKV):
     """`sched.interface.Backend` for home-only schedulers (see the module docstring)."""
 
     computes_tokens = False

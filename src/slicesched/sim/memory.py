@@ -209,3 +209,15 @@ class MemoryLedger:
     def peak(self) -> np.ndarray:
         """Highest bytes in use per device since t0."""
         return np.array(self.peak_seen)
+
+
+class BytesOnlyKV:
+    """`Backend.save_kv`/`restore_kv` of a backend whose KV is bytes in a ledger, not contents:
+    nothing to keep or write (the driver times a move of KV between replicas)."""
+
+    def save_kv(self, pool: tuple, device: int, table: tuple[int, ...], tokens: int, block_tokens: int) -> None:
+        return None
+
+    def restore_kv(self, saved: object, pool: tuple, device: int, num_blocks: int, table: tuple[int, ...],
+                   block_tokens: int) -> None:
+        return None

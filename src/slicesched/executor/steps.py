@@ -1,0 +1,438 @@
+"""Model steps of served tenants on the executor (real serving): where each tenant's weights are,
+and how one engine batch runs over its home device and the devices lent to it.
+
+A step runs on its home device's compute worker, stage by stage (`PagedModel.prepare`, `stage`,
+`finish`: embedding, each layer's attention and MLP, head). Each stage runs on the group the
+scheduler placed the slice holding its last op on: the home device alone, or home plus borrowed
+devices (tensor parallel, `wide.run_wide_stage`). The group is read when the stage begins, so a
+placement changed while the step runs (a lender taking its devices back) holds from the next
+stage on; a stage already begun stays where it runs, and the GMG is told so.
+
+Weights, per (tenant, device), charged on the device's budget block by block:
+- home: the whole model, charged when the replica's first step is added there;
+- loaded from host memory (`WeightCopy` from -1, what `GuestStart` issues): each block charged
+  at once (refused as an OOM beyond the budget), the model copied from the tenant's host copy
+  on the device's copy worker once every block is charged; resident (GMG) when it lands;
+- staged shards (`WeightCopy` with a rank and degree, what `ShardStage` issues): the shard cut
+  from the home model and copied on the lender's copy worker; resident when it lands.
+Evictions release block by block; a device holding no block of a tenant forgets its model,
+shards and pools.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from slicesched.decisions import OOMEvent, SliceCompletion, SlicePlacement, StepInputs, WeightCopy, WeightEviction
+from slicesched.errors import InputError
+from slicesched.executor.runtime import Executor
+from slicesched.executor.serving import PagedModel, slots_of
+from slicesched.executor.wide import WideContext, cut_shard, mark_written, rank_order, run_wide_stage
+from slicesched.gmg import block_weight_bytes
+from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle
+from slicesched.gmg.ops import IterationGraph
+
+#: (iteration key, stage done (-1: none), its end time, tokens, OOM or error, last event of the step)
+StepEvent = tuple[int, int, float, "tuple[int, ...] | None", "OOMEvent | Exception | None", bool]
+#: (tenant, device, blocks, what landed: a PagedModel or {block: StagedShard}) from a copy worker
+LoadEvent = tuple[str, int, tuple[int, ...], object]
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    """A model-step iteration: what it computes, where each stage runs, how far it is reported."""
+
+    handle: IterationHandle
+    inputs: StepInputs
+    home: int  # the device whose worker runs it (rank 0 of wide stages)
+    last_stage: np.ndarray  # per slice, the model stage holding its last op
+    stage_slice: np.ndarray  # per stage, the slice holding its last op
+    act_bytes: float  # activations charged while it runs: the most bytes one slice writes
+    stage_group: list[int]  # per stage, the GMG group it is placed on (-1: not yet)
+    ran_on: list[int]  # per stage, the group it really ran on (written by the worker)
+    placed: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per slice: mapped yet
+    begun: int = -1  # the stage the worker began last (under `lock`)
+    started_job: bool = False
+    reported: int = 0  # slices reported done, in slice order
+    last_end: float = 0.0
+    cancelled: bool = False
+    placed_t: float = 0.0  # executor clock when it was handed to its device
+    run_s: float = 0.0  # seconds inside the model's stages (written by the worker)
+    started: float = 0.0  # executor clock when the worker began them
+    wide_stages: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(slots=True)
+class LoanStats:
+    """What the executor did for loans: read by reports, benchmarks and tests."""
+
+    whole_iterations: int = 0  # steps whose every layer stage ran wide
+    mlp_iterations: int = 0  # steps with only MLP stages wide
+    mixed_iterations: int = 0  # steps with attention stages wide, not all of them (a lender took its device back)
+    shards_staged: int = 0  # (tenant, device) pairs whose staged shards all landed
+    models_loaded: int = 0  # whole models loaded from host memory (overflow replicas)
+    weight_bytes_moved: float = 0.0
+    kv_moved_bytes: float = 0.0  # KV of requests moved between replicas (`save_kv`/`restore_kv`)
+
+
+class ModelSteps:
+    """The served tenants' models, weights and steps on one executor (see the module docstring).
+    Written in the caller's thread, except what workers hand back through `events`/`loads`."""
+
+    def __init__(self, executor: Executor, gmg: GlobalMappingGraph,
+                 factories: Mapping[str, Callable[[torch.device], PagedModel]],
+                 events: "queue.SimpleQueue[tuple]", t0: float) -> None:
+        self.ex, self.gmg, self.t0 = executor, gmg, t0
+        self.factories = dict(factories)
+        self.events = events
+        self.loads: queue.SimpleQueue[LoadEvent] = queue.SimpleQueue()
+        self.models: dict[tuple[str, int], PagedModel] = {}  # (tenant, device) -> resident model
+        self.charged: dict[tuple[str, int], dict[int, float]] = {}  # (tenant, device) -> block -> bytes
+        self._host: dict[str, torch.nn.Module] = {}  # tenant -> its weights in host memory
+        self.wide = WideContext(executor, {}, {})
+        self.steps: dict[int, Step] = {}
+        self.running = 0
+        self.loans = LoanStats()
+        self.dispatch_s: list[float] = []
+        self.runs: list[tuple[float, float]] = []
+        self.timeline: list[tuple[str, int, int, float, float]] = []
+
+    # ---- weights ----------------------------------------------------------------------------
+    def load_homes(self) -> None:
+        """Make and charge every model the GMG holds whole on a device (the replicas' home weights,
+        which the driver placed before the run): charged first, so that no loan takes the memory
+        its owner's weights need."""
+        for tenant in self.factories:
+            whole = (self.gmg.resident[tenant] > 0).all(axis=0)
+            for d in np.flatnonzero(whole).tolist():
+                if (tenant, d) not in self.charged:
+                    self.model(tenant, d)
+
+    def model(self, tenant: str, device: int) -> PagedModel:
+        """The tenant's model resident on `device`; a home replica's is made and charged on first use."""
+        m = self.models.get((tenant, device))
+        if m is not None:
+            return m
+        if self.charged.get((tenant, device)):
+            raise RuntimeError(f"a step of {tenant!r} on device {device} before its weights landed there")
+        dev = self.ex.devices[device]
+        m = self.factories[tenant](dev.torch_device)
+        blocks = _block_bytes(m)
+        oom = dev.reserve(float(sum(blocks)), "weights", tenant)
+        if oom is not None:
+            raise InputError(f"device {device}: the weights of {tenant!r} ({m.weight_bytes()} bytes) "
+                             f"exceed its memory budget ({dev.cfg.budget_bytes:.0f} bytes, {dev.used:.0f} in use)")
+        self.models[(tenant, device)] = m
+        self.charged[(tenant, device)] = dict(enumerate(blocks))
+        return m
+
+    def copy_weights(self, wc: WeightCopy) -> OOMEvent | None:
+        """Charge a weight copy on its destination and start it on the copy worker (see the
+        module docstring); an OOM when the budget refuses it."""
+        key = (wc.tenant, wc.dst_device)
+        if key in self.models:  # the whole model is already there
+            return None
+        dev = self.ex.devices[wc.dst_device]
+        have = self.charged.setdefault(key, {})
+        if wc.block in have:
+            return None
+        if wc.degree > 1:
+            home = self.models.get((wc.tenant, wc.src_device))
+            if home is None:
+                raise ValueError(f"a shard of {wc.tenant!r} copied from device {wc.src_device}, which does not hold it")
+            nbytes = float(wc.nbytes) or float(_block_bytes(home)[wc.block]) / wc.degree
+        else:
+            nbytes = float(self._host_blocks(wc.tenant)[wc.block])
+        oom = dev.reserve(nbytes, "weights", wc.tenant)
+        if oom is not None:
+            return dataclasses.replace(oom, time=oom.time - self.t0)
+        have[wc.block] = nbytes
+        self.loans.weight_bytes_moved += nbytes
+        if wc.degree > 1:
+            self._start_shard(wc, home)
+        elif len(have) == len(self._host_blocks(wc.tenant)):
+            self._start_model_load(wc.tenant, wc.dst_device)
+        return None
+
+    def _start_shard(self, wc: WeightCopy, home: PagedModel) -> None:
+        dev, loads, events = self.ex.devices[wc.dst_device], self.loads, self.events
+        dst = dev.torch_device
+
+        def job() -> None:
+            try:
+                with torch.inference_mode():
+                    got: object = {wc.block: cut_shard(home, wc.block, wc.rank, wc.degree, dst)}
+            except Exception as e:  # re-raised in the caller's thread (`landed`)
+                got = e
+            loads.put((wc.tenant, wc.dst_device, (wc.block,), got))
+            events.put(("landed",))  # wakes the caller waiting in `execute`
+
+        dev.submit(job, copy=True)
+
+    def _start_model_load(self, tenant: str, device: int) -> None:
+        dev, host, loads, events = self.ex.devices[device], self._host_copy(tenant), self.loads, self.events
+        blocks = tuple(range(len(self._host_blocks(tenant))))
+
+        def job() -> None:
+            try:
+                got: object = PagedModel(copy.deepcopy(host).to(dev.torch_device))
+            except Exception as e:  # re-raised in the caller's thread (`landed`)
+                got = e
+            loads.put((tenant, device, blocks, got))
+            events.put(("landed",))
+
+        dev.submit(job, copy=True)
+
+    def _host_copy(self, tenant: str) -> torch.nn.Module:
+        """The tenant's weights in host memory (copied once from a resident model, or built)."""
+        if tenant not in self._host:
+            m = next((m for (t, _), m in self.models.items() if t == tenant), None)
+            m = m or self.factories[tenant](torch.device("cpu"))
+            self._host[tenant] = copy.deepcopy(m.model).to("cpu")
+        return self._host[tenant]
+
+    def _host_blocks(self, tenant: str) -> list[float]:
+        return _block_bytes(PagedModel(self._host_copy(tenant)))
+
+    def landed(self) -> list[tuple[str, int, int]]:
+        """Apply the copies that landed since; returns (tenant, device, block) of each block now
+        resident there (the caller marks them in the GMG)."""
+        out = []
+        while True:
+            try:
+                tenant, device, blocks, what = self.loads.get_nowait()
+            except queue.Empty:
+                return out
+            key = (tenant, device)
+            if isinstance(what, Exception):
+                raise RuntimeError(f"copying weights of {tenant!r} to device {device} failed: {what}") from what
+            if not set(blocks) <= set(self.charged.get(key, {})):  # evicted while it was copied
+                continue
+            if isinstance(what, PagedModel):
+                self.models[key] = what
+                self.loans.models_loaded += 1
+            else:
+                shards = self.wide.shards.setdefault(key, {})
+                shards.update(what)  # type: ignore[arg-type]
+                if len(shards) == len(self.charged[key]):
+                    self.loans.shards_staged += 1
+            out += [(tenant, device, b) for b in blocks]
+
+    def evict(self, ev: WeightEviction) -> None:
+        key = (ev.tenant, ev.device)
+        have = self.charged.get(key)
+        if not have or ev.block not in have:
+            return
+        self.ex.devices[ev.device].release(have.pop(ev.block), weights=True)
+        self.wide.shards.get(key, {}).pop(ev.block, None)
+        if not have:  # nothing of the tenant left there: its model, shards and pools go
+            self.charged.pop(key)
+            self.models.pop(key, None)
+            self.wide.shards.pop(key, None)
+            for k in [k for k in self.wide.mirrors if k[1] == ev.device and k[0][0] == ev.tenant]:
+                del self.wide.mirrors[k]
+
+    def analytic_bytes(self, tenant: str, block: int, degree: int) -> float:
+        """What the GMG counts for a block (the served model's spec, as the driver charged home)."""
+        return float(block_weight_bytes(self.gmg.models[tenant], degree)[block])
+
+    # ---- steps ------------------------------------------------------------------------------
+    def add(self, handle: IterationHandle, graph: IterationGraph, inputs: StepInputs, home: int, now: float) -> None:
+        stages = _stages(graph.wblock)
+        last = np.zeros(graph.num_slices, np.int64)
+        np.maximum.at(last, graph.slice_of, stages)
+        n_stages = int(stages.max()) + 1
+        stage_slice = np.zeros(n_stages, np.int64)
+        np.maximum.at(stage_slice, stages, graph.slice_of)
+        act = float(graph.slice_sum(graph.out_bytes).max()) if graph.num_ops else 0.0
+        self.steps[handle.key] = Step(handle, inputs, home, last, stage_slice, act, [-1] * n_stages,
+                                      [-1] * n_stages, placed=np.zeros(graph.num_slices, bool), last_end=now)
+
+    def place(self, p: SlicePlacement, key: int) -> None:
+        """A placement of a step's slices: each stage runs on its group from the next stage the
+        worker begins (a stage begun stays where it runs; `on_event` reports it there)."""
+        st = self.steps.get(key)
+        if st is None:
+            return
+        devices = self.gmg.cluster.group(p.group)
+        if st.home not in devices:
+            raise ValueError(f"iteration {key} of {st.handle.tenant!r} placed on devices {devices}: a model step "
+                             f"runs at home (device {st.home}) or over home and devices lent to it")
+        local = np.arange(p.first_slice, p.first_slice + p.num_slices) - st.handle.slice_base
+        stages = np.flatnonzero(np.isin(st.stage_slice, local)).tolist()
+        with st.lock:
+            for stage in stages:
+                if stage > st.begun:
+                    st.stage_group[stage] = p.group
+        st.placed[local] = True
+        if not st.started_job and st.placed.all():
+            st.started_job = True
+            self._start(st)
+
+    def _start(self, st: Step) -> None:
+        model = self.model(st.handle.tenant, st.home)
+        dev = self.ex.devices[st.home]
+        key, events, clock, cluster, home_group = st.handle.key, self.events, self.ex.clock, self.gmg.cluster, -1
+        tenant, wide, stats = st.handle.tenant, self.wide, self.loans
+        home_group = self.gmg.cluster.group_id((st.home,))
+        self.running += 1
+        st.placed_t = clock()
+
+        def stage_on(i: int, state) -> None:
+            with st.lock:
+                st.begun, group = i, st.stage_group[i]
+            devices = cluster.group(group)
+            order = rank_order(wide, tenant, st.home, devices) if len(devices) > 1 else None
+            if order is not None and run_wide_stage(wide, model, tenant, i, state, order):
+                st.ran_on[i] = group
+                st.wide_stages += 1
+                return
+            if len(devices) > 1 and order is None:
+                with wide.lock:
+                    wide.stats.fallbacks += 1
+            st.ran_on[i] = home_group
+            model.stage(i, state)
+            if i % 2:  # home wrote these slots: the mirrors lack them
+                mark_written(wide, state.key, (i - 1) // 2, state.new)
+
+        def job() -> None:
+            if st.cancelled:  # aborted while queued
+                events.put((key, -1, clock(), None, None, True))
+                return
+            oom = dev.reserve(st.act_bytes, "activation", tenant)
+            if oom is not None:
+                events.put((key, -1, clock(), None, oom, True))
+                return
+            out, t0, last = None, clock(), model.num_stages - 1
+            st.started = t0
+            try:
+                with torch.inference_mode():
+                    state = model.prepare(st.inputs)
+                    st.ran_on[0] = home_group
+                    events.put((key, 0, clock(), None, None, False))
+                    for i in range(1, last):
+                        if st.cancelled:
+                            break
+                        stage_on(i, state)
+                        events.put((key, i, clock(), None, None, False))
+                    else:
+                        st.ran_on[last] = home_group
+                        out = model.finish(state)
+                st.run_s = clock() - t0
+                layers = (last - 1) // 2
+                if st.wide_stages:
+                    mlp_only = all(st.ran_on[i] == home_group for i in range(1, last, 2))
+                    whole = st.wide_stages == 2 * layers
+                    stats.mlp_iterations += mlp_only
+                    stats.whole_iterations += whole
+                    stats.mixed_iterations += not (mlp_only or whole)
+            except Exception as e:  # re-raised in the caller's thread (`on_event`)
+                events.put((key, -1, clock(), None, e, True))
+                return
+            finally:
+                dev.release(st.act_bytes)
+            events.put((key, last if out is not None else -1, clock(), out, None, True))
+
+        dev.submit(job)
+
+    def on_event(self, ev: StepEvent, completed: list[SliceCompletion], finished: list[int],
+                 tokens: list[tuple[int, tuple[int, ...]]], ooms: list[OOMEvent], record: bool) -> None:
+        key, stage, t, out, oom, last = ev
+        if last:
+            self.running -= 1
+        st = self.steps.get(key)
+        if st is None:  # aborted while it ran
+            return
+        if isinstance(oom, Exception):
+            raise RuntimeError(f"model step {key} of {st.handle.tenant!r} failed: {oom}") from oom
+        if oom is not None:  # refused at its start: unplaced, to be placed again
+            ooms.append(dataclasses.replace(oom, time=oom.time - self.t0))
+            self.gmg.map(st.handle.slice_base, -1, st.handle.num_slices)
+            st.placed[:], st.started_job = False, False
+            st.stage_group = [-1] * len(st.stage_group)
+            return
+        end = t - self.t0
+        base = st.handle.slice_base
+        while st.reported < st.handle.num_slices and st.last_stage[st.reported] <= stage:
+            sid = base + st.reported
+            ran = st.ran_on[st.last_stage[st.reported]]
+            group = int(self.gmg.get("group", sid))
+            if ran >= 0 and ran != group:  # it ran elsewhere than mapped (a lender's shard missing)
+                self.gmg.map(sid, ran)
+                group = ran
+            self.gmg.start(sid, st.last_end)
+            _, done = self.gmg.finish(sid, end)
+            completed.append(SliceCompletion(sid, group, st.last_end, end))
+            if record:
+                self.timeline.append((st.handle.tenant, st.home, st.reported, st.last_end, end))
+            st.reported += 1
+            st.last_end = end
+            if done is not None:
+                finished.append(done)
+        if out is not None:
+            tokens.append((key, out))
+            spent = self.ex.clock() - st.placed_t  # handed over -> its tokens here
+            self.dispatch_s.append((spent - st.run_s) / st.handle.num_slices)
+            self.runs.append((st.started - self.t0, st.run_s))
+
+    # ---- KV of requests moving between replicas ---------------------------------------------
+    def save_kv(self, pool: tuple, device: int, table: tuple[int, ...], tokens: int,
+                block_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        m = self.models[(pool[0], device)]
+        slots = slots_of(table, tokens, block_tokens)
+        with torch.inference_mode():
+            kv = [(k[slots.to(k.device)].to("cpu", copy=True), v[slots.to(v.device)].to("cpu", copy=True))
+                  for k, v in m.pools[pool]]
+        self.loans.kv_moved_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in kv)
+        return kv
+
+    def restore_kv(self, saved: list[tuple[torch.Tensor, torch.Tensor]], pool: tuple, device: int,
+                   num_blocks: int, table: tuple[int, ...], block_tokens: int) -> None:
+        m = self.models[(pool[0], device)]
+        slots = slots_of(table, saved[0][0].shape[0], block_tokens)
+        with torch.inference_mode():  # the pools are inference tensors
+            dst = m.pool(pool, num_blocks, block_tokens)
+            for (k, v), (sk, sv) in zip(dst, saved):
+                k[slots.to(k.device)] = sk.to(k.device)
+                v[slots.to(v.device)] = sv.to(v.device)
+            for layer in range(len(dst)):
+                mark_written(self.wide, pool, layer, slots)
+
+
+def _block_bytes(m: PagedModel) -> list[float]:
+    """Bytes of each analytic weight block of a served model (attention and MLP of layer l:
+    blocks 2l and 2l+1, the embedding 2L, the head 2L+1), each tensor counted once."""
+    inner, layers = m.inner, len(m.inner.layers)
+    parts: list[list[torch.nn.Module]] = []
+    for layer in inner.layers:
+        parts.append([layer.input_layernorm, layer.self_attn])
+        parts.append([layer.post_attention_layernorm, layer.mlp])
+    parts.append([inner.embed_tokens])
+    parts.append([inner.norm, m.model.lm_head])
+    seen: set[int] = set()
+    out = []
+    for mods in parts:
+        n = 0
+        for p in (p for mod in mods for p in mod.parameters()):
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel() * p.element_size()
+        out.append(float(n))
+    assert len(out) == 2 * layers + 2
+    return out
+
+
+def _stages(wblock: np.ndarray) -> np.ndarray:
+    """Per op, the `PagedModel` stage that computes it, from its weight block (`gmg.builder`:
+    attention and MLP of layer l are blocks 2l and 2l+1, the embedding 2L, the head 2L+1)."""
+    head = int(wblock.max())
+    return np.where(wblock == head - 1, 0, np.where(wblock == head, head, wblock + 1))
