@@ -1,7 +1,7 @@
 """Real serving on CPU: a hot tenant beside two calm ones, under `dedicated` and `slicesched`,
 SliceScheduler's loans run on the executor.
 
-    python benchmarks/serving.py [ROUNDS] [--device cuda] [--out FOLDER]
+    python benchmarks/serving.py [ROUNDS] [--device cuda] [--out FOLDER] [--calibration-repeats N]
 
 Prints one figure per line as `name: value unit`. The scenario is `scenarios/loans_cpu.toml`:
 three tenants (scaled-down random-weight Llama-3-8B and two Qwen2.5-1.5B on CPU; at full size
@@ -38,6 +38,8 @@ import argparse
 import json
 import os
 import statistics
+import sys
+import time
 import tempfile
 from pathlib import Path
 
@@ -61,10 +63,14 @@ def _pct(requests, what: str, q: float) -> float:
     return float(np.nanpercentile([getattr(r, f"{what}_s") for r in requests], q) * 1e3)
 
 
-def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float]) -> None:
-    cost = CalibratedCostModel(calibrate(setup, together=True))
+def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], repeats: int) -> None:
+    t0 = time.perf_counter()
+    cost = CalibratedCostModel(calibrate(setup, repeats=repeats, together=True))
+    print(f"(calibrated in {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     for name in SCHEDULERS:
+        t0 = time.perf_counter()
         run = serve(setup, name, cost=cost)
+        print(f"(served {name} in {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         res = run.result
         pred = predict(setup, name, cost)
         tokens = sum(r.num_generated for r in res.requests)
@@ -100,6 +106,7 @@ def main() -> None:
     ap.add_argument("rounds", nargs="?", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="torch device of every executor device (cuda: full-size models)")
     ap.add_argument("--out", type=Path, help="also write the figures to FOLDER/serving.json")
+    ap.add_argument("--calibration-repeats", type=int, default=10, help="repeats of each calibration step")
     args = ap.parse_args()
     setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
                        torch_device=args.device, **({} if args.device == "cpu" else {"device_memory_bytes": 20e9}))
@@ -115,7 +122,7 @@ def main() -> None:
     figs: dict[str, list[float]] = {}
     sums: dict[str, float] = {}
     for _ in range(args.rounds):
-        _round(setup, eager, figs, sums)
+        _round(setup, eager, figs, sums, args.calibration_repeats)
     print("cost_model: calibrated on the served models' steps before each round")
     print(f"device: {args.device}")
     print(f"rounds: {args.rounds}")

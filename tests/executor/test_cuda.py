@@ -39,7 +39,10 @@ def test_one_gpu_as_one_or_two_stream_devices_matches_eager(placement):
     with torch.no_grad():
         out, ref = run(*args), step(*args)
     torch.cuda.synchronize()
-    torch.testing.assert_close(out[0], ref[0], rtol=0, atol=0)
+    # On CUDA a graph cut into op slices may take other kernels than the whole module (cuBLAS
+    # picks by layout and stream): equal up to float32 rounding, not bitwise (an H200 gave
+    # 1.8e-7 at most); the CPU tests hold the executor to bitwise equality.
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-6)
     moved = run.last_report.bytes_moved()
     assert (moved > 0) == (placement == "round_robin")
 
