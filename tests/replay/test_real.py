@@ -60,7 +60,7 @@ def eager(setup):
     return eager_models(setup)
 
 
-@pytest.mark.parametrize("scheduler", ["dedicated", "slicesched", "aegaeon"])
+@pytest.mark.parametrize("scheduler", ["dedicated", "slicesched", "aegaeon", "temporal-mux"])
 def test_two_tenants_get_the_tokens_of_eager_greedy_generation_request_for_request(setup, eager, scheduler):
     res = serve(setup, scheduler).result
     assert {r.tenant for r in res.requests} == {"a", "b"} and len(res.requests) >= 6
@@ -136,9 +136,23 @@ def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(set
     assert cost.stages.dispatch_s["cpu"] > 0
 
 
-def test_a_scheduler_merging_replicas_onto_multi_device_groups_is_refused_in_one_line(setup):
-    with pytest.raises(InputError, match="multi-device groups"):
-        serve(setup, "temporal-mux")
+def test_a_tensor_parallel_tenant_is_served_over_its_devices_with_eager_tokens(tmp_path):
+    """Tenant a is TP-2 over devices 0 and 1 (rank 0 holds the model, device 1 its shard), b
+    has device 2: every step of a runs tensor-parallel, its KV heads split between them."""
+    tp = TWO.replace("devices_per_node = 2", "devices_per_node = 3").replace(
+        'model = "llama-3-8b"', 'model = "llama-3-8b"\n    tp = 2')
+    setup = real_setup(scenario(tp), tmp_path)
+    run = serve(setup, "dedicated")
+    assert run.loans["wide_iterations"] > 0 and run.loans["wide_fallbacks"] == 0
+    assert all(r.is_finished for r in run.result.requests)
+    assert mismatches(run.result.requests, eager_models(setup)) == []
+
+
+def test_a_tenant_whose_heads_do_not_split_over_its_devices_is_refused_in_one_line(tmp_path):
+    three = TWO.replace("devices_per_node = 2", "devices_per_node = 4").replace(
+        'model = "llama-3-8b"', 'model = "llama-3-8b"\n    tp = 3')
+    with pytest.raises(InputError, match="4 heads .* do not split evenly"):
+        serve(real_setup(scenario(three), tmp_path), "dedicated")
 
 
 def test_a_scheduler_starting_replicas_without_weights_is_refused_in_one_line(tmp_path):

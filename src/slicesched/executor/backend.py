@@ -134,9 +134,12 @@ class ExecutorBackend:
                              "(a captured program goes through gmg.add_iteration and submit)")
         if home < 0:
             raise ValueError(f"a model step of {graph.tenant!r} needs its replica's home group")
-        device = self._device(home)
+        devices = self.gmg.cluster.group(home)
         if not self.served.models:  # the first step: every replica's home weights, before any loan
             self.served.load_homes()
+        if len(devices) > 1:  # tensor parallel over its home group: rank 0 on the first device
+            self.served.home_group(graph.tenant, devices)
+        device = devices[0]
         self.served.model(graph.tenant, device)  # resident before its KV is charged (`alloc_kv`)
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self.served.add(h, graph, inputs, device, self.now)
@@ -326,12 +329,6 @@ class ExecutorBackend:
             run.place(local, devices[0])
         else:
             raise ValueError(f"a single-device iteration placed on group {devices}; submit it with submit_tp")
-
-    def _device(self, group: int) -> int:
-        devices = self.gmg.cluster.group(group)
-        if len(devices) != 1:
-            raise ValueError(f"a model step runs on one device; group {group} is {devices}")
-        return devices[0]
 
     def _flush(self) -> None:
         """Hand placed slices to the executor once everything they read from is placed."""

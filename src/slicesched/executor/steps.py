@@ -108,14 +108,41 @@ class ModelSteps:
 
     # ---- weights ----------------------------------------------------------------------------
     def load_homes(self) -> None:
-        """Make and charge every model the GMG holds whole on a device (the replicas' home weights,
-        which the driver placed before the run): charged first, so that no loan takes the memory
-        its owner's weights need."""
+        """Make and charge every model the GMG holds whole on one device (the single-device
+        replicas' home weights, which the driver placed before the run): charged first, so that
+        no loan takes the memory its owner's weights need. Tensor-parallel homes hold shards
+        there (fewer bytes per device): made on their first step (`home_group`)."""
         for tenant in self.factories:
-            whole = (self.gmg.resident[tenant] > 0).all(axis=0)
+            res = self.gmg.resident[tenant]
+            whole = (res > 0).all(axis=0) & (res.sum(axis=0) >= 0.99 * res.sum(axis=0).max())
             for d in np.flatnonzero(whole).tolist():
-                if (tenant, d) not in self.charged:
+                if (tenant, d) not in self.charged and not self._sharded(tenant, d):
                     self.model(tenant, d)
+
+    def _sharded(self, tenant: str, device: int) -> bool:
+        """Does the GMG hold only a shard of the tenant's blocks on `device` (a tensor-parallel home)?"""
+        full = float(block_weight_bytes(self.gmg.models[tenant], 1).sum())
+        return float(self.gmg.resident[tenant][:, device].sum()) < 0.99 * full
+
+    def home_group(self, tenant: str, devices: tuple[int, ...]) -> None:
+        """A replica tensor-parallel over `devices`: its first device holds the whole model (rank
+        0 computes with views of it, and the embedding and head), device r the shard of rank r,
+        cut now and charged there. Every stage of its steps runs over all of them."""
+        self.model(tenant, devices[0])
+        home = self.models[(tenant, devices[0])]
+        for r, d in enumerate(devices[1:], 1):
+            if (tenant, d) in self.charged:
+                continue
+            with torch.inference_mode():
+                shards = {b: cut_shard(home, b, r, len(devices), self.ex.devices[d].torch_device)
+                          for b in range(len(_block_bytes(home)))}
+            nbytes = float(sum(sh.nbytes for sh in shards.values()))
+            oom = self.ex.devices[d].reserve(nbytes, "weights", tenant)
+            if oom is not None:
+                raise InputError(f"device {d}: the rank-{r} shard of {tenant!r} ({nbytes:.0f} bytes) exceeds "
+                                 f"its memory budget ({self.ex.devices[d].cfg.budget_bytes:.0f} bytes)")
+            self.charged[(tenant, d)] = {b: float(sh.nbytes) for b, sh in shards.items()}
+            self.wide.shards[(tenant, d)] = shards
 
     def model(self, tenant: str, device: int) -> PagedModel:
         """The tenant's model resident on `device`; a home replica's is made and charged on first use."""

@@ -146,13 +146,11 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         return made[-1]
 
     try:
+        _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
         driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                               rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
                               backend=backend, device_memory_bytes=setup.device_memory_bytes)
-        wide = sorted({rs.replica.tenant for rs in driver.replicas if len(rs.replica.devices) > 1})
-        if wide:  # the executor runs single-device groups only (tensor parallelism is not executed yet)
-            raise InputError(f"under {scheduler}, {', '.join(wide)} would run on multi-device groups "
-                             "(tensor parallel or merged replicas), which the executor does not run yet")
+        _check_groups(setup, scheduler, [(rs.replica.tenant, rs.replica.tp, rs.replica.pp) for rs in driver.replicas])
         if driver.provisioning.cold:  # its weights would come from host memory, which the executor does not load yet
             cold = sorted({driver.replicas[i].replica.tenant for i in driver.provisioning.cold})
             raise InputError(f"under {scheduler}, {', '.join(cold)} would start without weights on some devices and "
@@ -163,6 +161,22 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         if own:
             executor.close()
     return RealRun(res, made[0].dispatch_s, res.stats.wall_s, made[0].loan_report())
+
+
+def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, int, int]]) -> None:
+    """What the executor cannot run, refused before anything runs: pipeline-parallel replicas,
+    and tensor-parallel ones whose heads or MLP (as served: scaled down on CPU) do not split
+    evenly over their devices. `replicas`: (tenant, tp, pp) of each."""
+    piped = sorted({t for t, _, pp in replicas if pp > 1})
+    if piped:
+        raise InputError(f"under {scheduler}, {', '.join(piped)} would run pipeline-parallel, which the executor "
+                         "does not run yet")
+    for tenant, k, _ in replicas:
+        cfg = setup.configs[tenant]
+        if k > 1 and (cfg["num_attention_heads"] % k or cfg["intermediate_size"] % k):
+            raise InputError(f"under {scheduler}, {tenant} would run tensor-parallel over {k} devices, and its "
+                             f"{cfg['num_attention_heads']} heads (intermediate size {cfg['intermediate_size']}) "
+                             "do not split evenly over them")
 
 
 def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
