@@ -21,6 +21,7 @@ other processes preempting this one included (on a shared machine they are many)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -183,35 +184,53 @@ def _rows(graph: IterationGraph, stages: np.ndarray, dispatch: np.ndarray, devic
     return rows
 
 
-def _rounds(jobs: Sequence[_Job], repeats: int, together: bool, rng: np.random.Generator) -> list[list[int]]:
-    """Which jobs run at once, round after round: one at a time, or (`together`) one job of
-    every device at once, each device's jobs in a new shuffled order every repeat. A wide job
-    shares its round with home jobs only: two wide steps whose homes lend to each other would
-    wait on each other's devices (SliceScheduler never lends a borrower's devices)."""
-    if not together:
+def _rounds(jobs: Sequence[_Job], repeats: int, together: int, rng: np.random.Generator) -> list[list[int]]:
+    """Which jobs run at once, round after round: one at a time (`together` 0 or 1), or one job
+    of each of `together` devices at once (the devices taking turns), each device's jobs in a
+    new shuffled order every repeat. A wide job (two devices' threads) shares its round with
+    home jobs of `together` - 2 other devices: two wide steps whose homes lend to each other
+    would wait on each other's devices (SliceScheduler never lends a borrower's devices)."""
+    if together <= 1:
         return [[int(i)] for _ in range(repeats) for i in rng.permutation(len(jobs))]
     per_device: dict[int, list[int]] = {}
     wide = [i for i, j in enumerate(jobs) if j.lender >= 0]
     for i, j in enumerate(jobs):
         if j.lender < 0:
             per_device.setdefault(j.device, []).append(i)
+    devices = sorted(per_device)
     out = []
-    for _ in range(repeats):
+    for rep in range(repeats):
         lists = {d: list(rng.permutation(ids)) for d, ids in per_device.items()}
+        turn = devices[rep % len(devices):] + devices[:rep % len(devices)]
         for k in range(max(map(len, lists.values()))):
-            out.append([int(ids[k % len(ids)]) for ids in lists.values()])
+            for c in range(0, len(turn), together):  # `together` devices at a time
+                out.append([int(lists[d][k % len(lists[d])]) for d in turn[c:c + together]])
         for k, i in enumerate(rng.permutation(wide).tolist()):
-            out.append([i] + [int(ids[k % len(ids)]) for d, ids in lists.items() if d != jobs[i].device])
+            others = [d for d in turn if d not in (jobs[i].device, jobs[i].lender)][:max(together - 2, 0)]
+            out.append([i] + [int(lists[d][k % len(lists[d])]) for d in others])
     return out
+
+
+def _at_once(executor: Executor) -> int:
+    """How many devices step at once in a `together` calibration. CPU devices are threads on the
+    host's cores: with more of them stepping than there are cores, each step also waits for a
+    core, which in serving happens only while every device is busy; so at most as many as the
+    cores (on 2 cores with three devices, all three at once made the serving benchmark's
+    prediction of `dedicated` 1.6-4.2x pessimistic, two at once 1.2-2.5x). GPU devices: all."""
+    n = executor.num_devices
+    if any(d.cuda for d in executor.devices):
+        return n
+    return max(1, min(n, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, Callable[[torch.device], PagedModel]],
                       executor: Executor, devices: Mapping[str, int], grid: Sequence[StepShape] = GRID,
-                      repeats: int = 10, together: bool = False, seed: int = 0, wide: bool = True) -> Profile:
+                      repeats: int = 10, together: bool | int = False, seed: int = 0, wide: bool = True) -> Profile:
     """Time every tenant's steps over `grid` on its device of `executor` (`devices`: tenant ->
-    device) and return them as a profile (stage and dispatch rows). `together`: every device
-    runs one of its steps at the same time (the devices then contend for the host, as served
-    tenants do); else one step at a time. `wide`: each tenant's steps also run tensor-parallel
+    device) and return them as a profile (stage and dispatch rows). `together`: devices run one
+    of their steps at the same time (contending for the host, as served tenants do): a number,
+    that many at a time; True, every device, or on CPU devices as many as the host has cores
+    (`_at_once`); else one step at a time. `wide`: each tenant's steps also run tensor-parallel
     over its device and the next one (shards staged there), priced as its TP-2 blocks: the wide
     iterations SliceScheduler's loans run (`executor/wide.py`)."""
     cluster = Cluster.homogeneous("cpu", 1, executor.num_devices, intra_link="local")
@@ -225,7 +244,8 @@ def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, C
         if any(j.shape.context):
             _run(backend, models, [(j, _inputs(j, blocks, warm=True))])
         _run(backend, models, [(j, _inputs(j, blocks))])
-    for ids in _rounds(jobs, repeats, together, np.random.default_rng(seed)):
+    at_once = _at_once(executor) if together is True else int(together)
+    for ids in _rounds(jobs, repeats, at_once, np.random.default_rng(seed)):
         for i, (g, stages, dispatch) in zip(ids, _run(backend, models, [(jobs[i], _inputs(jobs[i], blocks)) for i in ids])):
             graphs[i] = g
             samples[i].append((stages, dispatch))

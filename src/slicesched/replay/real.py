@@ -98,7 +98,7 @@ def _factories(setup: RealSetup) -> dict:
     return {t: partial(make, t) for t in setup.configs}
 
 
-def calibrate(setup: RealSetup, repeats: int = 10, together: bool = False, grid: Sequence[StepShape] = GRID
+def calibrate(setup: RealSetup, repeats: int = 10, together: bool | int = False, grid: Sequence[StepShape] = GRID
               ) -> Profile:
     """The served models' real steps timed on executor devices of their own (a step of its own,
     before and apart from any served run): the profile a `CalibratedCostModel` prices them by."""
