@@ -1,5 +1,7 @@
 import json
 
+import numpy as np
+
 import pytest
 
 from slicesched.errors import InputError
@@ -71,3 +73,57 @@ def test_config_without_positions_has_no_context_limit():
     cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "intermediate_size": 128, "vocab_size": 100}
     assert from_hf_config(cfg).max_context is None
+
+
+# ---- the 128k-context and large MoE configs (published checkpoints) ----------------------------
+
+PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b": 70.6, "qwen2.5-72b": 72.7, "mixtral-8x22b": 141.0}
+
+
+def _config(name: str) -> dict:
+    from importlib import resources
+
+    return json.loads(resources.files("slicesched").joinpath("models", "configs", f"{name}.json").read_text())
+
+
+def _count(cfg: dict) -> tuple[int, int]:
+    """(all parameters, those one token's GEMMs use), from the config by the architecture's
+    layout: q/k/v/o (Qwen2: q/k/v biases), gated MLP per expert, a router per MoE layer, two
+    norms per layer, final norm, untied LM head."""
+    h, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads, kv, i = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    d = h // heads
+    attn = h * heads * d + 2 * h * kv * d + heads * d * h
+    bias = (heads * d + 2 * kv * d) if cfg["model_type"] == "qwen2" else 0
+    experts, top = cfg.get("num_local_experts", 1), cfg.get("num_experts_per_tok", 1)
+    router = h * experts if experts > 1 else 0
+    per_layer = attn + bias + experts * 3 * h * i + router + 2 * h
+    total = V * h + L * per_layer + h + h * V
+    gemm = L * (attn + top * 3 * h * i + router) + h * V
+    return total, gemm
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_B))
+def test_new_models_count_the_parameters_their_configs_give_and_the_published_ones(name):
+    total, _ = _count(_config(name))
+    assert model_spec(name).num_params() == total
+    assert total / 1e9 == pytest.approx(PUBLISHED_B[name], rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_B))
+def test_one_decoded_tokens_gemm_flops_are_twice_the_parameters_it_uses(name):
+    from slicesched.gmg import BatchShape, build_iteration
+    from slicesched.gmg.ops import GEMM_KINDS
+
+    cfg = _config(name)
+    g = build_iteration(model_spec(name), BatchShape.decode(1, 1), 1)
+    gemm = float(g.flops[np.isin(g.kind, GEMM_KINDS)].sum())
+    # an MoE layer's experts op also does its experts' gated activation: 5 flops per element
+    act = 5 * cfg.get("num_experts_per_tok", 0) * cfg["intermediate_size"] * cfg["num_hidden_layers"]
+    assert gemm == pytest.approx(2 * _count(cfg)[1] + act, rel=1e-9)
+
+
+@pytest.mark.parametrize("name,ctx", [("llama-3.1-8b", 131072), ("llama-3.1-70b", 131072), ("qwen2.5-72b", 32768),
+                                      ("mixtral-8x22b", 65536)])
+def test_new_models_context_windows(name, ctx):
+    assert model_spec(name).max_context == ctx
