@@ -259,6 +259,9 @@ class ReplayConfig(_Strict):
                            description="extra simulated time to finish in-flight requests")
     gpu_memory_utilization: float = Field(0.9, gt=0.1, le=1.0, description="share of device memory for "
                                           "weights + KV cache (the rest is activation headroom), as in vLLM")
+    prefix_caching: bool = Field(False, description="share a tenant's full prompt blocks between its requests "
+                                 "as vLLM's automatic prefix caching does, keyed by the trace's prefix hashes "
+                                 "(Mooncake's hash_ids); requests without hashes find nothing cached")
     over_context: Literal["truncate", "reject"] = Field(
         "truncate", description="a request whose prompt + output exceeds its model's context window: "
         "'truncate' cuts the output (and, if the prompt alone is too long, keeps its last tokens) to "

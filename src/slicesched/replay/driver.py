@@ -41,8 +41,8 @@ from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs, WeightEviction
 from slicesched.sched.interface import Backend, Scheduler, WhatIf
 from slicesched.sched.policies import BatchSetting, queued_prefill_s
-from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, Request, RequestState,
-                                TenantEngine, blocks_for, count_violations)
+from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PrefixCachingKV, Request,
+                                RequestState, TenantEngine, blocks_for, count_violations, key_prefixes)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.sim.lane import IterationLane, LaneUnsafe
 from slicesched.traces import Trace
@@ -140,6 +140,8 @@ class ReplayDriver:
                             for i, (r, pool) in enumerate(zip(replicas, pools))])
         self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
+        if sc.replay.prefix_caching and trace.prefix_hashes is not None:
+            key_prefixes(self.requests, trace.prefix_hashes, BLOCK_TOKENS)
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
         self.events = EventQueue([r.arrival_s for r in self.requests])  # arrivals and timers
         self.ooms: list[OOMEvent] = []
@@ -184,7 +186,8 @@ class ReplayDriver:
 
     def kv_pool(self, num_blocks: int) -> KVBlockManager:
         """A replica's KV block manager: with block ids where the backend holds real KV."""
-        pool = PagedKVBlockManager if self.backend.computes_tokens else KVBlockManager
+        pool = (PagedKVBlockManager if self.backend.computes_tokens
+                else PrefixCachingKV if self.sc.replay.prefix_caching else KVBlockManager)
         return pool(num_blocks, BLOCK_TOKENS)
 
     def apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
@@ -338,6 +341,7 @@ class ReplayDriver:
             self.over_context += 1
             req.prompt_tokens = min(req.prompt_tokens, ctx - 1)
             req.output_tokens = ctx - req.prompt_tokens
+            req.prefix_keys = ()  # a cut prompt keeps its last tokens: not the prefix the hashes name
             over = False
         if over:
             self.over_context += 1

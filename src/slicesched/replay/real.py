@@ -146,6 +146,9 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
         return made[-1]
 
     try:
+        if sc.replay.prefix_caching:  # the executor's pools have no shared blocks yet: refused, not ignored
+            raise InputError("prefix caching is not run on the executor yet; set [replay] prefix_caching = false",
+                             field="replay.prefix_caching")
         _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
         driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                               rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,

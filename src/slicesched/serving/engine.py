@@ -214,6 +214,8 @@ class TenantEngine:
             busy.discard(rid)
             req = live[rid]
             req.num_computed_tokens += n
+            if req.prefix_keys:  # its blocks filled by this step are cached for others
+                self.kv.commit_prefix(rid, req.prefix_keys, req.num_computed_tokens)
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk short of the end emits nothing
             req.emit_token(now)
@@ -414,7 +416,7 @@ class TenantEngine:
             admitted.add(req.id)
             end += longer
             deadline = self._plan[req.id][0]
-            if n == req.num_tokens and deadline >= end:
+            if req.num_computed_tokens + draft.new[-1] == req.num_tokens and deadline >= end:
                 due = min(due, deadline)
         if admitted:
             self._waiting = deque(r for r in waiting if r.id not in admitted)
@@ -480,9 +482,15 @@ class TenantEngine:
         allows), if a seat, the budget and free blocks allow."""
         if draft.budget <= 0 or len(self._running) >= self.max_num_seqs:
             return False
-        n = self._chunk(req.num_tokens, draft.budget) if n is None else n
-        if n == 0 or not self.kv.allocate(req.id, n):
+        hit = self.kv.acquire_prefix(req.id, req.prefix_keys, req.num_tokens) if req.prefix_keys else 0
+        rest = req.num_tokens - hit  # a cached prefix is not computed again
+        n = self._chunk(rest, draft.budget) if n is None else min(n, rest)
+        if n == 0 or not self.kv.allocate(req.id, hit + n):
+            if hit:
+                self.kv.free(req.id)
             return False
+        req.num_computed_tokens = hit
+        req.cached_tokens += hit
         req.state = RequestState.RUNNING
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now

@@ -97,6 +97,15 @@ class KVBlockManager:
         self._used -= n
         return n
 
+    def acquire_prefix(self, req_id: Hashable, keys: tuple[int, ...], num_tokens: int) -> int:
+        """Tokens of the request's prompt found cached (none: this pool caches no prefixes;
+        `serving.prefix.PrefixCachingKV` does)."""
+        return 0
+
+    def commit_prefix(self, req_id: Hashable, keys: tuple[int, ...], computed_tokens: int) -> None:
+        """Offer the request's full blocks for sharing (this pool keeps none)."""
+        return None
+
     def __repr__(self) -> str:
         return (f"KVBlockManager(num_blocks={self.num_blocks}, block_tokens={self.block_tokens}, "
                 f"used={self._used}, requests={len(self._held)})")

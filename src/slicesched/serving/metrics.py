@@ -35,11 +35,11 @@ def _columns(requests: Iterable[Request]) -> dict[str, np.ndarray]:
     """One pass over the requests into numpy columns (NaN for times not reached)."""
     rows = [(r.id, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens, r.num_generated,
              str(r.state), _f(r.first_token_s), _f(r.last_token_s), _f(r.finish_s),
-             r.num_preemptions, r.truncated) for r in requests]
+             r.num_preemptions, r.truncated, r.cached_tokens) for r in requests]
     names = ("id", "tenant", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
-             "state", "first_token_s", "last_token_s", "finish_s", "preemptions", "truncated")
+             "state", "first_token_s", "last_token_s", "finish_s", "preemptions", "truncated", "cached_tokens")
     dtypes = (np.int64, object, float, np.int64, np.int64, np.int64, object, float, float, float,
-              np.int64, bool)
+              np.int64, bool, np.int64)
     cols = list(zip(*rows)) if rows else [()] * len(names)
     out = {n: np.asarray(c, dtype=d) for n, c, d in zip(names, cols, dtypes)}
     gen = out["generated_tokens"]
@@ -133,6 +133,7 @@ class TenantSummary:
     preemptions: int
     drain_token_share: float = 0.0
     drain_tail_s: float = 0.0
+    prefix_hit_rate: float = 0.0  # prompt tokens found in the prefix cache / prompt tokens (0 without caching)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +182,14 @@ def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, de
         float(cols["output_tokens"][arrived].sum()) / window_s,
         *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
         *_percentiles(cols["e2e_s"][done]), judged, violations, violations / judged if judged else math.nan,
-        int(cols["preemptions"][mask].sum()), *_after_window(cols, arrived, window_s))
+        int(cols["preemptions"][mask].sum()), *_after_window(cols, arrived, window_s),
+        _hit_rate(cols, mask))
+
+
+def _hit_rate(cols: dict[str, np.ndarray], mask: np.ndarray) -> float:
+    """Prompt tokens found cached at admission over the prompt tokens of the requests."""
+    prompt = float(cols["prompt_tokens"][mask].sum())
+    return float(cols["cached_tokens"][mask].sum()) / prompt if prompt else 0.0
 
 
 def _after_window(cols: dict[str, np.ndarray], arrived: np.ndarray, window_s: float) -> tuple[float, float]:

@@ -59,6 +59,10 @@ class Request:
     # output ids emitted so far; the simulator needs lengths alone and leaves them None
     prompt_ids: tuple[int, ...] | None = None
     output_ids: list[int] | None = None
+    # prefix caching only: a key per full prompt block (`serving.prefix.prefix_keys`), and the
+    # prompt tokens found cached at its admissions (their prefill was not computed again)
+    prefix_keys: tuple[int, ...] = ()
+    cached_tokens: int = 0
 
     def preempt(self) -> None:
         """Drop its progress (its KV cache is lost): preempted by recomputation, its prefill
