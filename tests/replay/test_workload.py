@@ -287,3 +287,18 @@ def test_rate_scales_stay_prefix_nested_under_a_curve():
     assert len(two) > 1.6 * len(one)
     assert np.array_equal(two.prompt_tokens[:len(one)], one.prompt_tokens)
     assert np.array_equal(two.output_tokens[:len(one)], one.output_tokens)
+
+
+def test_a_streams_max_tokens_caps_its_outputs_and_nothing_else():
+    capped = BASE.replace('popularity = "uniform"', 'popularity = "uniform"\n    max_tokens = 64')
+    plain, cut = scenario_trace(scenario(BASE)), scenario_trace(scenario(capped))
+    assert plain.output_tokens.max() > 64 and cut.output_tokens.max() == 64
+    assert np.array_equal(np.minimum(plain.output_tokens, 64), cut.output_tokens)
+    assert np.array_equal(plain.prompt_tokens, cut.prompt_tokens) and np.array_equal(plain.arrival_s, cut.arrival_s)
+
+
+def test_a_max_tokens_below_one_is_refused_naming_the_field():
+    from slicesched.errors import InputError
+
+    with pytest.raises(InputError, match="max_tokens"):
+        scenario(BASE.replace('popularity = "uniform"', 'popularity = "uniform"\n    max_tokens = 0'))

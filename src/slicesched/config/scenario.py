@@ -214,6 +214,8 @@ class SyntheticStream(_Strict):
     output_sigma: float = Field(1.0, ge=0, le=10, description="log-normal shape of output lengths (0: all the mean)")
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0, le=10, description="power-law exponent of tenant popularity")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the clients' max_tokens: "
+                                   "longer outputs are cut to it, as an API caps generation")
     curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
@@ -228,6 +230,8 @@ class TraceStream(_Strict):
     tick_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
                           description="the trace's timestamps are rounded to this clock tick; "
                           "each request is spread uniformly over its tick (seeded; 0: kept as recorded)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the clients' max_tokens: "
+                                   "longer outputs are cut to it, as an API caps generation")
     curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 
@@ -242,6 +246,8 @@ class ServeGenStream(_Strict):
                            description="seconds into the ServeGen day where the window starts")
     rate_scale: float = Field(1.0, gt=0, le=MAX_RATE_SCALE,
                               description="multiply ServeGen rates (production rates are huge)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the clients' max_tokens: "
+                                   "longer outputs are cut to it, as an API caps generation")
     curve: tuple[CurvePart, ...] = CURVE_FIELD
 
 

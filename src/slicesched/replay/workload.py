@@ -53,6 +53,11 @@ def _curved(sc: Scenario, rate_scale: float, duration: float) -> Trace:
 
 
 def _stream_trace(sc: Scenario, i: int, s, span: float) -> Trace:
+    t = _stream_requests(sc, i, s, span)
+    return t.with_max_tokens(s.max_tokens) if s.max_tokens else t
+
+
+def _stream_requests(sc: Scenario, i: int, s, span: float) -> Trace:
     seed = (sc.seed, i)  # one seed sequence per stream; tenant labels draw from their own child
     if isinstance(s, SyntheticStream):
         t = synthetic_trace(span, s.rate, s.cv, prompt_mean=s.prompt_mean, prompt_sigma=s.prompt_sigma,

@@ -210,6 +210,12 @@ class Trace:
         """The first ``n`` requests."""
         return self._take(slice(0, max(n, 0)))
 
+    def with_max_tokens(self, max_tokens: int) -> Trace:
+        """Outputs cut to `max_tokens` (a client's cap on generation), the rest unchanged."""
+        capped = np.minimum(self.output_tokens, max_tokens)
+        return Trace(self.name, self.arrival_s, self.prompt_tokens, _readonly(capped), self.tenant,
+                     self.prefix_hashes)
+
     def with_tenant(self, tenant: str) -> Trace:
         """Label every request with one tenant."""
         labels = np.full(len(self), tenant, dtype=object)
