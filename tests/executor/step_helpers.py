@@ -15,6 +15,7 @@ BT = 16
 
 
 def served_backend(budget: float = float("inf"), devices: int = 1, budgets: tuple[float, ...] = ()):
+    devices = len(budgets) or devices
     cfg = scaled_config(shipped_config("llama-3-8b"))
     spec = spec_of(cfg, "a")
     cluster = Cluster.homogeneous("cpu", 1, devices)

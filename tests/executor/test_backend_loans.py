@@ -93,7 +93,7 @@ def test_steps_over_home_and_a_lender_holding_staged_shards_give_eager_tokens(ea
         ex.close()
 
 
-def test_a_shard_stage_beyond_the_lenders_budget_is_an_oom_and_charges_nothing():
+def test_a_shard_stage_beyond_the_lenders_budget_is_refused_as_an_oom_and_never_overruns_it():
     be, spec, ex = served_backend(budgets=(float("inf"), 1e6))
     try:
         _Seq(be, spec, 0).run(0)

@@ -10,9 +10,9 @@ from slicesched.cost import make_cost_model
 from slicesched.gmg import Grain
 from slicesched.hardware import DEVICES, LINKS
 from slicesched.models.spec import model_spec
-from slicesched.sched.policies import (FCFS, BatchSetting, Deadline, FixedBudget, LeastLoaded, PredictedTTFT,
-                                       TPOTBudget, decode_budget)
-from slicesched.serving import SLA, Request
+from slicesched.sched.policies import (FCFS, BatchSetting, CacheAffinity, Deadline, FixedBudget, LeastLoaded,
+                                       PredictedTTFT, TPOTBudget, decode_budget)
+from slicesched.serving import SLA, PrefixCachingKV, Request, TenantEngine, prefix_keys
 
 
 @dataclass
@@ -43,6 +43,42 @@ def test_least_loaded_takes_the_fewest_outstanding_per_kv_token() -> None:
 def test_predicted_ttft_takes_the_least_predicted_then_least_loaded() -> None:
     reps = [Candidate(0.1, 2.0), Candidate(0.3, 1.0), Candidate(0.2, 1.0)]
     assert PredictedTTFT().route(REQ, reps, View()) is reps[2]
+
+
+def _cached_replicas(ttfts: tuple[float, float], cached_on: int | None) -> list[Candidate]:
+    """Two replicas with real prefix-caching engines; `cached_on` holds 384 of a prompt's 512
+    tokens (an earlier request computed them there)."""
+    reps = [Candidate(0.1, t, TenantEngine("a", PrefixCachingKV(64, 16), 8192, 64)) for t in ttfts]
+    if cached_on is not None:
+        kv = reps[cached_on].engine.kv
+        keys = prefix_keys((1,), 512, 16, 384)
+        kv.acquire_prefix(99, keys, 384)
+        kv.allocate(99, 384)
+        kv.commit_prefix(99, keys, 384)
+        kv.free(99)
+    return reps
+
+
+def _with_prefix() -> Request:
+    req = Request(1, "a", 0.0, 512, 8)
+    req.prefix_keys = prefix_keys((1, 2), 512, 16, 512)  # its first 384 tokens as the earlier prompt's
+    return req
+
+
+def test_cache_affinity_sends_an_arrival_where_its_prefix_is_cached() -> None:
+    reps = _cached_replicas((0.0, 0.0), cached_on=1)
+    assert LeastLoaded().route(_with_prefix(), reps, View()) is reps[0]
+    assert CacheAffinity(LeastLoaded()).route(_with_prefix(), reps, View()) is reps[1]
+
+
+def test_cache_affinity_leaves_an_arrival_cached_nowhere_to_the_inner_routing() -> None:
+    reps = _cached_replicas((0.0, 0.0), cached_on=None)
+    assert CacheAffinity(LeastLoaded()).route(_with_prefix(), reps, View()) is reps[0]
+
+
+def test_cache_affinity_does_not_queue_an_arrival_behind_more_than_its_prefix_saves() -> None:
+    reps = _cached_replicas((0.0, 1.0), cached_on=1)  # 1 s queued there; the cache saves 0.19 s
+    assert CacheAffinity(LeastLoaded()).route(_with_prefix(), reps, View()) is reps[0]
 
 
 def _setting(chunked: bool, sla: SLA | None) -> BatchSetting:

@@ -40,7 +40,7 @@ from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs, WeightEviction
 from slicesched.sched.interface import Backend, Scheduler, WhatIf
-from slicesched.sched.policies import BatchSetting, queued_prefill_s
+from slicesched.sched.policies import BatchSetting, CacheAffinity, queued_prefill_s
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PrefixCachingKV, Request,
                                 RequestState, TenantEngine, blocks_for, count_violations, key_prefixes)
 from slicesched.sim import Perturbation, Simulator
@@ -142,6 +142,8 @@ class ReplayDriver:
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
         if sc.replay.prefix_caching and trace.prefix_hashes is not None:
             key_prefixes(self.requests, trace.prefix_hashes, BLOCK_TOKENS)
+        # where engines cache prefixes, arrivals go where their prefix is cached when that pays
+        self.routing = CacheAffinity(scheduler.routing) if sc.replay.prefix_caching else scheduler.routing
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
         self.events = EventQueue([r.arrival_s for r in self.requests])  # arrivals and timers
         self.ooms: list[OOMEvent] = []
@@ -349,7 +351,7 @@ class ReplayDriver:
         if not reps:  # scaled to zero or its container moving: waits for a replica (cold start)
             self.fleet.park(req)
             return None
-        return self.admit(self.scheduler.routing.route(req, reps, self), req)
+        return self.admit(self.routing.route(req, reps, self), req)
 
     def alone_prefill_s(self, req: Request) -> float:
         """The request's prefill alone on its tenant's container (without an SLA: its tokens)."""

@@ -4,7 +4,7 @@ waiting requests. The driver calls them and never asks which one it has, so a ne
 new class here (or anywhere) and nothing else changes.
 
 Routing: `LeastLoaded` (vLLM-style routers) or `PredictedTTFT` (least isolated prefill queued
-ahead). Batching: `FixedBudget` (the tenant's `max_batch_tokens`, vLLM) or `TPOTBudget` (the
+ahead); `CacheAffinity` wraps either where prefix caching is on. Batching: `FixedBudget` (the tenant's `max_batch_tokens`, vLLM) or `TPOTBudget` (the
 prefill riding with decodes kept within the TPOT SLO, Sarathi-Serve). Admission: `FCFS` (vLLM)
 or `Deadline` (the most requests within their TTFT SLO first).
 """
@@ -25,7 +25,7 @@ from slicesched.serving import SLA, Request, TenantEngine
 from slicesched.serving.sla import REFERENCE_PROMPT
 
 if TYPE_CHECKING:
-    from slicesched.sched.interface import RoutedReplica, RoutingView
+    from slicesched.sched.interface import RoutedReplica, Routing, RoutingView
 
 TPOT_BUDGET_FRAC = 0.8  # TPOTBudget: a step with decodes may take this share of the TPOT SLO
 DECODES_AT_BUDGET = 8  # ... with this many decodes beside its prefill chunk
@@ -64,6 +64,30 @@ class PredictedTTFT:
     def route(self, request: Request, replicas: Sequence["RoutedReplica"], view: "RoutingView") -> "RoutedReplica":
         own = view.alone_prefill_s(request)
         return min(replicas, key=lambda r: (view.predicted_ttft_s(r, request, own), r.relative_load))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAffinity:
+    """Prefix-aware routing around another routing (`inner`), as cache-aware routers in front of
+    prefix-caching engines do: when some replica holds part of the arrival's prompt in its prefix
+    cache, the arrival goes where its TTFT, predicted from isolated prefill times with each
+    replica's cached share not computed again, is least (ties: the inner routing's pick, then
+    least loaded); otherwise where `inner` sends it. A serving rule of the engines, not of a
+    scheduler: the driver applies it for every scheduler when prefix caching is on."""
+
+    inner: "Routing"
+
+    def route(self, request: Request, replicas: Sequence["RoutedReplica"], view: "RoutingView") -> "RoutedReplica":
+        pick = self.inner.route(request, replicas, view)
+        if not request.prefix_keys or len(replicas) < 2:
+            return pick
+        hits = [r.engine.kv.peek_prefix(request.prefix_keys, request.num_tokens) for r in replicas]
+        if not any(hits):
+            return pick
+        alone = view.alone_prefill_s(request)
+        return min(zip(replicas, hits), key=lambda rh: (
+            view.predicted_ttft_s(rh[0], request, alone * (1 - rh[1] / request.prompt_tokens)),
+            rh[0] is not pick, rh[0].relative_load))[0]
 
 
 # ---- batching ---------------------------------------------------------------------------------

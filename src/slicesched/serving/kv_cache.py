@@ -102,6 +102,10 @@ class KVBlockManager:
         `serving.prefix.PrefixCachingKV` does)."""
         return 0
 
+    def peek_prefix(self, keys: tuple[int, ...], num_tokens: int) -> int:
+        """Tokens of such a prompt `acquire_prefix` would find cached now (none here)."""
+        return 0
+
     def commit_prefix(self, req_id: Hashable, keys: tuple[int, ...], computed_tokens: int) -> None:
         """Offer the request's full blocks for sharing (this pool keeps none)."""
         return None

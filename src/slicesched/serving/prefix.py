@@ -116,6 +116,15 @@ class PrefixCachingKV(KVBlockManager):
         return super().lend(n)
 
     # ---- the cache ----------------------------------------------------------------------------
+    def peek_prefix(self, keys: Sequence[int], num_tokens: int) -> int:
+        """Tokens `acquire_prefix` would find cached now, holding nothing (a router's question)."""
+        n = 0
+        for k in keys[:(num_tokens - 1) // self.block_tokens]:
+            if k not in self._refs:
+                break
+            n += 1
+        return n * self.block_tokens
+
     def acquire_prefix(self, req_id: Hashable, keys: Sequence[int], num_tokens: int) -> int:
         """At admission of a request holding nothing: hold the longest cached run of its keys
         (leaving at least one token to compute) and return the tokens it covers."""
