@@ -89,3 +89,28 @@ def test_a_cached_prefix_shortens_the_simulated_prefill_by_the_cached_share():
     first, second = replay(sc, make_scheduler("dedicated", sc), trace, lane=False).requests
     assert (first.cached_tokens, second.cached_tokens) == (0, 6144)
     assert 0.2 < second.ttft_s / first.ttft_s < 0.45
+
+
+def test_a_synthetic_streams_system_prompt_is_found_cached_after_the_first_request():
+    sc = scenario("""
+        [cluster]
+        device = "H100-80GB"
+        devices_per_node = 1
+        [[tenants]]
+        name = "chat"
+        model = "llama-3.1-8b"
+        [[streams]]
+        source = "synthetic"
+        tenants = ["chat"]
+        rate = 4.0
+        prompt_mean = 200
+        output_mean = 32
+        system_prompt_tokens = 2048
+        [replay]
+        duration_s = 20
+        prefix_caching = true
+    """)
+    reqs = replay(sc, make_scheduler("dedicated", sc), scenario_trace(sc), lane=False).requests
+    hits = [r.cached_tokens for r in reqs if r.first_scheduled_s is not None]
+    assert hits[0] == 0 and len(hits) > 40
+    assert sum(h == 2048 for h in hits) > 0.8 * len(hits)  # the 4 whole blocks of the system prompt

@@ -302,3 +302,14 @@ def test_a_max_tokens_below_one_is_refused_naming_the_field():
 
     with pytest.raises(InputError, match="max_tokens"):
         scenario(BASE.replace('popularity = "uniform"', 'popularity = "uniform"\n    max_tokens = 0'))
+
+
+def test_a_system_prompt_leads_every_prompt_and_shares_only_its_whole_blocks():
+    sys_prompt = BASE.replace('popularity = "uniform"', 'popularity = "uniform"\n    system_prompt_tokens = 1100')
+    plain, t = scenario_trace(scenario(BASE)), scenario_trace(scenario(sys_prompt))
+    assert np.array_equal(t.prompt_tokens, plain.prompt_tokens + 1100)
+    hashes = [tuple(h) for h in t.prefix_hashes]
+    assert all(len(h) == -(-p // 512) for h, p in zip(hashes, t.prompt_tokens))
+    assert len({h[:2] for h in hashes}) == 1  # two whole 512-token blocks of system prompt, shared
+    own = [x for h in hashes for x in h[2:]]
+    assert len(own) == len(set(own))  # the rest is each request's own

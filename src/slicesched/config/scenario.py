@@ -214,6 +214,9 @@ class SyntheticStream(_Strict):
     output_sigma: float = Field(1.0, ge=0, le=10, description="log-normal shape of output lengths (0: all the mean)")
     popularity: Literal["powerlaw", "uniform", "round_robin"] = "powerlaw"
     alpha: float = Field(1.0, ge=0, le=10, description="power-law exponent of tenant popularity")
+    system_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="a system prompt this long, "
+                                      "the same for every request of the stream, precedes each drawn prompt "
+                                      "(a reuse model for prefix caching: its whole 512-token blocks are shared)")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the clients' max_tokens: "
                                    "longer outputs are cut to it, as an API caps generation")
     curve: tuple[CurvePart, ...] = CURVE_FIELD

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from slicesched.config.scenario import (DiurnalCurve, FlashCurve, Scenario, ServeGenStream, SyntheticStream,
                                         TraceStream)
 from slicesched.errors import InputError
 from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen_trace, synthetic_trace
+from slicesched.serving.prefix import MOONCAKE_HASH_BLOCK_TOKENS
 from slicesched.traces.curves import Diurnal, FlashCrowd, Ramp, RateCurve, Steps
 
 
@@ -62,6 +65,7 @@ def _stream_requests(sc: Scenario, i: int, s, span: float) -> Trace:
     if isinstance(s, SyntheticStream):
         t = synthetic_trace(span, s.rate, s.cv, prompt_mean=s.prompt_mean, prompt_sigma=s.prompt_sigma,
                             output_mean=s.output_mean, output_sigma=s.output_sigma, seed=seed, name=f"stream{i}")
+        t = _with_system_prompt(t, s.system_prompt_tokens, i) if s.system_prompt_tokens else t
         return _assign(t, s.tenants, s.popularity, s.alpha, seed)
     if isinstance(s, TraceStream):
         t = load_trace(sc.resolve_path(s.path), s.format)
@@ -74,6 +78,21 @@ def _stream_requests(sc: Scenario, i: int, s, span: float) -> Trace:
     if isinstance(s, ServeGenStream):
         return _servegen(sc, s, span, seed)
     raise AssertionError(f"unhandled stream type {type(s).__name__}")
+
+
+def _with_system_prompt(t: Trace, tokens: int, stream: int) -> Trace:
+    """Every prompt preceded by the stream's system prompt of `tokens` tokens, with prefix hashes
+    (one per 512-token block, `MOONCAKE_HASH_BLOCK_TOKENS`): the system prompt's whole blocks
+    share the stream's hashes, every other block is the request's own. Synthetic hashes are
+    negative (traces publish non-negative ones) and distinct per stream."""
+    block, base = MOONCAKE_HASH_BLOCK_TOKENS, -(stream + 1) * 10**12
+    shared = tuple(base - b for b in range(tokens // block))
+    prompts = t.prompt_tokens + tokens
+    own = -(-prompts // block) - len(shared)  # the blocks after the shared ones
+    first = np.cumsum(own) - own
+    hashes = [shared + tuple(range(base - 10**9 - int(f), base - 10**9 - int(f) - int(n), -1))
+              for f, n in zip(first, own)]
+    return Trace.from_columns(t.name, t.arrival_s, prompts, t.output_tokens, t.tenant, hashes)
 
 
 def _assign(t: Trace, tenants: tuple[str, ...], popularity: str, alpha: float, seed: tuple[int, int]) -> Trace:
