@@ -66,7 +66,7 @@ def comparison_table(runs: list[RunSummary]) -> pd.DataFrame:
             "violation_rate": o.violation_rate, "preemptions": o.preemptions, "ooms": r.ooms,
             "moves": r.container_moves, "guests": r.guests, "over_context": r.over_context,
             "busy_frac": _busy_fraction(r), "harvest_share": r.harvest.share if r.harvest else math.nan,
-            "sim_wall_s": r.wall_s,
+            "prefix_hit_rate": o.prefix_hit_rate, "sim_wall_s": r.wall_s,
         })
     df = pd.DataFrame(rows)
     if df.empty:
@@ -96,7 +96,9 @@ def print_table(df: pd.DataFrame, title: str, console: "Console | None" = None) 
     names = {"requests": "arrived", "token_throughput": "tok/s", "output_throughput": "out tok/s",
              "ttft_p50": "TTFT p50 s", "ttft_p99": "TTFT p99 s", "tpot_p50": "TPOT p50 s", "tpot_p99": "TPOT p99 s",
              "violation_rate": "SLA viol", "busy_frac": "busy", "harvest_share": "harvest",
-             "vs_dedicated": "vs dedicated", "rate_scale": "rate x"}
+             "vs_dedicated": "vs dedicated", "rate_scale": "rate x", "prefix_hit_rate": "prefix hits"}
+    if "prefix_hit_rate" in df and (df["prefix_hit_rate"] > 0).any():  # prefix caching on: its hit rate
+        cols.insert(-1, ("prefix_hit_rate", "{:.1%}"))
     widest = max((len(str(s)) for s in df["scheduler"]), default=9)
     for c, _ in cols:  # scheduler names whole at any width: other columns give way
         t.add_column(names.get(c, c), justify="left" if c == "scheduler" else "right",
