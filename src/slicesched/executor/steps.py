@@ -98,6 +98,7 @@ class ModelSteps:
         self.models: dict[tuple[str, int], PagedModel] = {}  # (tenant, device) -> resident model
         self.charged: dict[tuple[str, int], dict[int, float]] = {}  # (tenant, device) -> block -> bytes
         self._host: dict[str, torch.nn.Module] = {}  # tenant -> its weights in host memory
+        self._host_bytes: dict[str, list[float]] = {}  # tenant -> bytes of each of its blocks
         self.wide = WideContext(executor, {}, {})
         self.steps: dict[int, Step] = {}
         self.running = 0
@@ -113,9 +114,7 @@ class ModelSteps:
         no loan takes the memory its owner's weights need. Tensor-parallel homes hold shards
         there (fewer bytes per device): made on their first step (`home_group`)."""
         for tenant in self.factories:
-            res = self.gmg.resident[tenant]
-            whole = (res > 0).all(axis=0) & (res.sum(axis=0) >= 0.99 * res.sum(axis=0).max())
-            for d in np.flatnonzero(whole).tolist():
+            for d in np.flatnonzero((self.gmg.resident[tenant] > 0).all(axis=0)).tolist():
                 if (tenant, d) not in self.charged and not self._sharded(tenant, d):
                     self.model(tenant, d)
 
@@ -135,7 +134,7 @@ class ModelSteps:
                 continue
             with torch.inference_mode():
                 shards = {b: cut_shard(home, b, r, len(devices), self.ex.devices[d].torch_device)
-                          for b in range(len(_block_bytes(home)))}
+                          for b in range(2 * self.gmg.models[tenant].layers + 2)}
             nbytes = float(sum(sh.nbytes for sh in shards.values()))
             oom = self.ex.devices[d].reserve(nbytes, "weights", tenant)
             if oom is not None:
@@ -228,7 +227,10 @@ class ModelSteps:
         return self._host[tenant]
 
     def _host_blocks(self, tenant: str) -> list[float]:
-        return _block_bytes(PagedModel(self._host_copy(tenant)))
+        """Bytes of each block of the tenant's model (measured once, on its host copy)."""
+        if tenant not in self._host_bytes:
+            self._host_bytes[tenant] = _block_bytes(PagedModel(self._host_copy(tenant)))
+        return self._host_bytes[tenant]
 
     def landed(self) -> list[tuple[str, int, int]]:
         """Apply the copies that landed since; returns (tenant, device, block) of each block now

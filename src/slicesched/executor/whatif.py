@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from slicesched.cost import CostModel
-from slicesched.decisions import SchedulerDecision, SlicePlacement
+from slicesched.decisions import SchedulerDecision
 from slicesched.gmg.graph import SliceState
 from slicesched.sim import Simulator
+from slicesched.sim.placement import placement_runs
 
 if TYPE_CHECKING:
     from slicesched.executor.backend import ExecutorBackend
@@ -63,14 +64,10 @@ class ExecutorWhatIf:
             ids = np.arange(it.base, it.base + it.graph.num_slices)
             group = gmg.raw("group")[ids & gmg.mask]
             todo = np.flatnonzero((gmg.raw("state")[ids & gmg.mask] != _DONE) & (group >= 0))
-            if not len(todo):
-                continue
-            # runs of consecutive unstarted slices on one group: unmapped, then placed again below
-            cuts = np.flatnonzero((np.diff(todo) != 1) | (np.diff(group[todo]) != 0)) + 1
-            for part in np.split(todo, cuts):
-                first = int(ids[part[0]])
-                placements.append(SlicePlacement(first, int(group[part[0]]), len(part)))
-                gmg.map(first, -1, len(part))
+            # the unstarted slices: unmapped, then placed again below (so the simulator queues them)
+            for p in placement_runs(it.base, todo, group[todo]):
+                placements.append(p)
+                gmg.map(p.first_slice, -1, p.num_slices)
         sim = Simulator(gmg, self.cost, record=True, now=self.backend.now)
         sim.apply(SchedulerDecision(sim.now, tuple(placements)))
         return sim

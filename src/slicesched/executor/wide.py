@@ -252,7 +252,7 @@ def _rank_job(ctx: WideContext, model: PagedModel, tenant: str, i: int, block: i
     def job() -> None:
         dev = ctx.executor.devices[device]
         voted = False
-        act = float(st.h.numel() * st.h.element_size() * 3)
+        act = float(st.h.numel() * st.h.element_size() * 3)  # its copy of the hidden state, its partial sum, the sum
         reserved = False
         try:
             shard = ctx.shards.get((tenant, device), {}).get(block)

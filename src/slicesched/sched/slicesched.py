@@ -52,6 +52,7 @@ from slicesched.sched.interface import (SCHEDULERS, GuestStart, GuestStop, Place
                                         SchedulerDecision, ShardRelease, ShardStage, SlicePlacement, StepOutcome)
 from slicesched.sched.lending import Lease, LendingMixin
 from slicesched.sched.policies import Deadline, PredictedTTFT, TPOTBudget
+from slicesched.sim.placement import placement_runs
 
 HOME, MLP, WHOLE = 0, 1, 2  # where an iteration of a leased replica runs
 _RUNNING = int(SliceState.RUNNING)
@@ -268,12 +269,7 @@ class SliceScheduler(LendingMixin, Scheduler):
             return []
         if count and wide:
             self.report.slices_away += int((want[todo] == lease.union).sum())
-        out: list[SlicePlacement] = []
-        # runs of consecutive slices with one target group: one placement each
-        cuts = np.flatnonzero((np.diff(todo) != 1) | (np.diff(want[todo]) != 0)) + 1
-        for part in np.split(todo, cuts):
-            out.append(SlicePlacement(int(ids[part[0]]), int(want[part[0]]), len(part)))
-        return out
+        return placement_runs(it.base, todo, want[todo])
 
     def _decide(self, gmg: GlobalMappingGraph, key: int, lease: Lease, placed: list[SlicePlacement],
                 lender_keys: tuple[int, ...]) -> int:

@@ -116,25 +116,24 @@ class PrefixCachingKV(KVBlockManager):
         return super().lend(n)
 
     # ---- the cache ----------------------------------------------------------------------------
-    def peek_prefix(self, keys: Sequence[int], num_tokens: int) -> int:
-        """Tokens `acquire_prefix` would find cached now, holding nothing (a router's question)."""
-        n = 0
+    def _cached_run(self, keys: Sequence[int], num_tokens: int) -> list[int]:
+        """The leading keys found cached, leaving at least one of `num_tokens` to compute."""
+        got: list[int] = []
         for k in keys[:(num_tokens - 1) // self.block_tokens]:
             if k not in self._refs:
                 break
-            n += 1
-        return n * self.block_tokens
+            got.append(k)
+        return got
+
+    def peek_prefix(self, keys: Sequence[int], num_tokens: int) -> int:
+        """Tokens `acquire_prefix` would find cached now, holding nothing (a router's question)."""
+        return len(self._cached_run(keys, num_tokens)) * self.block_tokens
 
     def acquire_prefix(self, req_id: Hashable, keys: Sequence[int], num_tokens: int) -> int:
         """At admission of a request holding nothing: hold the longest cached run of its keys
         (leaving at least one token to compute) and return the tokens it covers."""
-        cap = (num_tokens - 1) // self.block_tokens
-        got: list[int] = []
-        for k in keys[:cap]:
-            if k not in self._refs:
-                break
-            got.append(k)
-        self.lookup_tokens += min(len(keys), cap) * self.block_tokens
+        got = self._cached_run(keys, num_tokens)
+        self.lookup_tokens += min(len(keys), (num_tokens - 1) // self.block_tokens) * self.block_tokens
         if not got:
             return 0
         for k in got:

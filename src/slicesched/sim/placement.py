@@ -24,6 +24,16 @@ _DONE, _READY = int(SliceState.DONE), int(SliceState.READY)
 _ANY = np.logical_or.reduce  # `.any()` without its Python wrapper (hot paths)
 
 
+def placement_runs(base: int, local: np.ndarray, groups: np.ndarray) -> list[SlicePlacement]:
+    """Placements of an iteration's slices `local` (ascending indices from its first slice id
+    `base`) on `groups` (one per slice): one per run of consecutive slices with one group."""
+    if not len(local):
+        return []
+    starts = np.concatenate(([0], np.flatnonzero((np.diff(local) != 1) | (np.diff(groups) != 0)) + 1))
+    ends = np.append(starts[1:], len(local))
+    return [SlicePlacement(base + int(local[a]), int(groups[a]), int(b - a)) for a, b in zip(starts, ends)]
+
+
 class Placement:
     """Where slices run and what moves between their groups, for one simulator: owns the
     activations held between slices (outputs waiting for consumers, inputs arriving or arrived)
