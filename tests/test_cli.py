@@ -455,3 +455,17 @@ def test_plan_refuses_bad_options_in_one_line(tiny, tmp_path, args, field):
 def test_a_price_out_of_range_is_one_line_naming_it(tiny, tiny_scenario_toml):
     r = runner.invoke(app, ["validate", str(tiny(tiny_scenario_toml + '[plan]\nprice_per_gpu_hour = {"A40" = -1}\n'))])
     one_line_error(r, "price_per_gpu_hour")
+
+
+@pytest.mark.parametrize("change, message", [
+    (("", ""), "error: field '--scheduler': unknown scheduler 'nope'"),
+    (('model = "qwen2.5-1.5b"\n', 'model = "qwen2.5-1.5b"\npp = 2\n'), "would run pipeline-parallel, which the "
+                                                                       "executor does not run yet"),
+])
+def test_serve_refuses_what_it_cannot_serve_in_one_line_before_listening(tmp_path, tiny_scenario_toml, change, message):
+    sc = tmp_path / "s.toml"
+    sc.write_text(tiny_scenario_toml.replace(*change, 1).replace("devices_per_node = 2", "devices_per_node = 4"))
+    args = ["-s", "nope"] if not change[0] else []
+    r = subprocess.run([sys.executable, "-m", "slicesched.cli", "serve", str(sc), "--port", "1", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import traceback
 from importlib import resources
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Optional
 
@@ -88,8 +89,6 @@ app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=Fals
 
 def _need_executor(what: str) -> None:
     """The executor's commands need torch and transformers, which a plain install leaves out."""
-    from importlib.util import find_spec
-
     missing = [m for m in ("torch", "transformers") if find_spec(m) is None]
     if missing:
         raise InputError(f"{what} needs {' and '.join(missing)}, which this install lacks: "
@@ -182,6 +181,44 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
                            plots, force=force, extra=lambda f: (pred.to_csv(f / "predicted.csv", index=False),
                                                                 pd.DataFrame(loans).to_csv(f / "loans.csv", index=False)))
     typer.echo(f"wrote {folder}/ ({', '.join(sorted(p.name for p in folder.iterdir()))})")
+
+
+@app.command()
+def serve(
+    scenario: Optional[Path] = typer.Argument(None, help="scenario TOML file; default: the built-in scenario"),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", "-s", help="scheduler; default: the scenario's first"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on (default: loopback only)"),
+    port: int = typer.Option(8000, min=1, max=65535),
+    device: str = typer.Option("cpu", help="torch device of every executor device: cpu (scaled-down models, a "
+                               "worker thread per device) or cuda"),
+    device_memory_mib: float = typer.Option(256, min=1, help="memory budget of each CPU device (MiB)"),
+    max_in_flight: int = typer.Option(256, min=1, help="requests in flight before new ones get 429"),
+    grace_s: float = typer.Option(30, min=0, help="on SIGTERM: seconds the requests in flight get to finish"),
+    max_body_kib: int = typer.Option(1024, min=1, help="largest request body accepted (KiB; 413 beyond)"),
+) -> None:
+    """Serve the scenario's tenants over HTTP, compatible with OpenAI's completions and chat
+    completions (model = tenant name), with /v1/models, /metrics (Prometheus) and /health."""
+    _need_executor("serve")
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if find_spec(m) is None]
+    if missing:
+        raise InputError(f"serve needs {', '.join(missing)}, which this install lacks: pip install 'slicesched[server]'")
+    from slicesched.config import load_scenario
+    from slicesched.replay.checks import check_scenario
+    from slicesched.server.app import make_app, run
+    from slicesched.server.service import Service
+
+    sc = load_scenario(scenario or builtin_scenario_path())
+    name = scheduler or sc.replay.schedulers[0]
+    check_scenario(sc, schedulers=[name])
+    service = Service.build(sc, name, Path(tempfile.mkdtemp(prefix="slicesched-served-")), device=device,
+                            memory_bytes=device_memory_mib * 2**20, max_open=max_in_flight)
+    for t in service.tenants:
+        tok = service.tokenizers[t]
+        weights = "checkpoint weights" if t in service.checkpoints else "random weights"
+        typer.echo(f"{t}: {weights}, {tok.name} tokenizer, {service.limits[t]} tokens of context")
+    typer.echo(f"serving {sc.name} under {name} on http://{host}:{port}/v1 (ctrl-c or SIGTERM to stop)")
+    run(make_app(service, max_body_bytes=max_body_kib * 1024), host, port, grace_s)
+    typer.echo("stopped")
 
 
 def _loans_line(d: dict[str, float]) -> str:

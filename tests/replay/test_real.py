@@ -13,52 +13,11 @@ from slicesched.cost import CalibratedCostModel
 from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
 from slicesched.executor.calibration import StepShape
-from real_helpers import eager_models, mismatches
+from real_helpers import TWO, eager_models, mismatches
 from slicesched.executor.serving import PagedModel
 from slicesched.gmg import BatchShape, build_iteration
 from slicesched.models.spec import model_spec
 from slicesched.replay.real import calibrate, predict, real_setup, scenario_cost, serve
-
-TWO = """
-    name = "two"
-    seed = 5
-    [cluster]
-    devices_per_node = 2
-    [[tenants]]
-    name = "a"
-    model = "llama-3-8b"
-    max_batch_tokens = 64
-    [[tenants]]
-    name = "b"
-    model = "qwen2.5-1.5b"
-    max_batch_tokens = 64
-    [[streams]]
-    source = "synthetic"
-    tenants = ["a"]
-    rate = 8.0
-    prompt_mean = 40
-    output_mean = 8
-    [[streams]]
-    source = "synthetic"
-    tenants = ["b"]
-    rate = 4.0
-    prompt_mean = 100
-    output_mean = 6
-    [replay]
-    duration_s = 1.0
-    drain_s = 20
-"""
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    return real_setup(scenario(TWO), tmp_path_factory.mktemp("served"))
-
-
-@pytest.fixture(scope="module")
-def eager(setup):
-    return eager_models(setup)
-
 
 @pytest.mark.parametrize("scheduler", ["dedicated", "slicesched", "aegaeon", "temporal-mux"])
 def test_two_tenants_get_the_tokens_of_eager_greedy_generation_request_for_request(setup, eager, scheduler):

@@ -110,7 +110,8 @@ class ClusterConfig(_Strict):
 
 class TenantConfig(_Strict):
     name: str = Field(description="tenant name, unique in the scenario")
-    model: str = Field(description="shipped model name (e.g. 'llama-3-8b') or a path to a HF config.json")
+    model: str = Field(description="shipped model name (e.g. 'llama-3-8b'), a path to a HF config.json, or a "
+                       "local checkpoint folder (real serving runs its weights and tokenizer)")
     tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree = devices in one pipeline stage")
     pp: int = Field(1, ge=1, le=64, description="pipeline-parallel stages of one replica, each a tp-way group "
                     "on the next tp devices (a replica has tp x pp devices)")

@@ -182,10 +182,13 @@ def known_models() -> list[str]:
 
 
 def model_spec(name_or_path: str) -> ModelSpec:
-    """A shipped model by name (e.g. 'llama-3-8b'), or a path to a HF config.json."""
+    """A shipped model by name (e.g. 'llama-3-8b'), or a path to a HF config.json or to a
+    checkpoint folder holding one."""
     spec = _shipped(name_or_path.lower())
     if spec is not None:
         return spec
+    if Path(name_or_path).is_dir():
+        return load_hf_config(Path(name_or_path) / "config.json", Path(name_or_path).name)
     if Path(name_or_path).exists():
         return load_hf_config(name_or_path)
     raise InputError(f"unknown model '{name_or_path}'; shipped: {', '.join(known_models())}, or give a config.json path")

@@ -45,6 +45,7 @@ from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager,
                                 RequestState, TenantEngine, blocks_for, count_violations, key_prefixes)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.sim.lane import IterationLane, LaneUnsafe
+from slicesched.sim.trace import TRACE_WINDOW_US, trim_trace
 from slicesched.traces import Trace
 
 VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
@@ -93,7 +94,7 @@ class ReplayDriver:
                  stop_after_violations: int | None = None,
                  backend: "Callable[[GlobalMappingGraph, CostModel], Backend] | None" = None,
                  models: dict[str, ModelSpec] | None = None, device_memory_bytes: float | None = None,
-                 lane: bool = True) -> None:
+                 lane: bool = True, arrivals: bool = True) -> None:
         """`stop_after_violations`: end the replay once more requests than this have certainly
         violated their SLA (a capacity search needs no more of a run it already knows fails).
         `backend`: builds the backend over the GMG (default: the simulator, with the scenario's
@@ -101,7 +102,9 @@ class ReplayDriver:
         `device_memory_bytes`: every device's memory where it is not its type's (real serving on
         CPU devices: the executor's budget). `lane`: replay a home-only scheduler
         (`Scheduler.home_only`) on the iteration lane (`sim.lane`) where no timeline is recorded
-        and no other backend is given; False keeps the simulator (the same results, slower)."""
+        and no other backend is given; False keeps the simulator (the same results, slower).
+        `arrivals` False: the trace only forecasts the traffic the deployment is planned for;
+        requests come live instead (`replay.live.LiveDriver`)."""
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
         self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
@@ -139,7 +142,7 @@ class ReplayDriver:
         self.fleet = Fleet([self.start_replica(r, pool, i not in plan.cold)
                             for i, (r, pool) in enumerate(zip(replicas, pools))])
         self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
-            zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))]
+            zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))] if arrivals else []
         if sc.replay.prefix_caching and trace.prefix_hashes is not None:
             key_prefixes(self.requests, trace.prefix_hashes, BLOCK_TOKENS)
         # where engines cache prefixes, arrivals go where their prefix is cached when that pays
@@ -149,6 +152,8 @@ class ReplayDriver:
         self.ooms: list[OOMEvent] = []
         self._kv_ooms: list[OOMEvent] = []  # OOMs of KV charges since the last outcome (handled at once)
         self.iterations = 0
+        self._arrived = 0  # requests of the trace routed so far
+        self._stalls = 0  # steps in a row in which the backend reported no progress
         self.rejected = 0
         self.over_context = 0
         self.loans = Loans(self)  # guests and staged shards (SliceScheduler)
@@ -246,68 +251,76 @@ class ReplayDriver:
         from the start, on the simulator."""
         t_wall = time.perf_counter()
         reqs = self.requests
-        i = 0  # arrivals so far
         horizon = (reqs[-1].arrival_s if reqs else 0.0) + self.sc.replay.drain_s
-        stalls, next_check = 0, VIOLATION_CHECK_S
+        next_check = VIOLATION_CHECK_S
         # Replicas that may be able to form a batch (ordered dict: deterministic launch order).
         dirty: dict[ReplicaState, None] = dict.fromkeys(self.replicas)
-        events = self.events
         while True:
             now = self.backend.now
-            if events.next_time <= now:
-                for kind, what in events.due(now):
-                    if kind is Kind.ARRIVAL:
-                        rs = self._route(reqs[what])
-                        i = what + 1
-                    elif kind is Kind.LOADED:
-                        rs = self.moves.activate(what)
-                    elif kind is Kind.KV_LANDED:
-                        rs = self.loans.land_kv(*what, now)
-                    elif kind is Kind.KV_SYNCED:  # a wide iteration whose KV sync is done
-                        rs = self._complete(what, now, synced=True)
-                    else:  # activations landed on the next stage
-                        rs, mb = what
-                        if rs.pipe.arrive(mb, mb.stage + 1):
-                            self._run_stage(rs, mb)
-                        continue
-                    if rs is not None:
-                        dirty[rs] = None
-            for rs in dirty:
-                self._launch_batches(rs, now)
-            dirty.clear()
-            if self._lane is None:
-                decision = self._carry_out(self.scheduler.schedule(self.gmg, now), now, dirty)
-            else:  # a home-only scheduler decides nothing (the lane places every iteration)
-                decision = self._no_decision
-            wake = min(events.next_time, horizon)
-            if (not self.inflight and events.only_syncs_left) or now >= horizon:
+            decision = self.decide(now, dirty)
+            if (not self.inflight and self.events.only_syncs_left) or now >= horizon:
                 break
-            outcome = self.backend.execute(decision, until=wake, wake=self.scheduler.wake_on())
-            self.scheduler.update(outcome)
-            tokens = dict(outcome.tokens) if outcome.tokens else None
-            for key in outcome.finished_iterations:
-                dirty[self._complete(key, outcome.time, tokens=tokens.get(key) if tokens else None)] = None
-            for oom in outcome.ooms:
-                if not any(oom is seen for seen in self._kv_ooms):  # a refused KV charge, handled then
-                    dirty.update(dict.fromkeys(self._on_oom(oom)))
-            self._kv_ooms.clear()
-            progressed = outcome.completed or outcome.finished_iterations or outcome.time > now
-            stalls = 0 if progressed else stalls + 1
-            if stalls > 3:
-                raise RuntimeError(f"replay stalled at t={now:.6f}s: scheduler '{self.scheduler.name}' "
-                                   f"leaves {len(self.gmg.unmapped_ready())} ready slices unplaced")
+            self.advance(decision, min(self.events.next_time, horizon), dirty)
             if self.backend.record and self.backend.now > 2e-6 * TRACE_WINDOW_US:
-                # only the first window is exported (`_trim_trace`); the margin lets every slice
+                # only the first window is exported (`trim_trace`); the margin lets every slice
                 # that starts inside it end and be written out (segments write steps late)
                 self.backend.stop_recording()
             if progress is not None:
                 progress(self.backend.now)
             if self.stop_after_violations is not None and self.backend.now >= next_check:
                 next_check = self.backend.now + VIOLATION_CHECK_S
-                if count_violations(reqs[:i], self.slas, self.backend.now) > self.stop_after_violations:
+                if count_violations(reqs[:self._arrived], self.slas, self.backend.now) > self.stop_after_violations:
                     self.stopped_early = True
                     break
         return self._result(time.perf_counter() - t_wall)
+
+    def decide(self, now: float, dirty: dict[ReplicaState, None]) -> SchedulerDecision:
+        """One step's first half: the events due by `now` (arrivals, loads, KV landings, stage
+        sends), batches launched on the replicas in `dirty` (emptied), the scheduler's decision
+        with the driver's part carried out. Returns what the backend is to run."""
+        if self.events.next_time <= now:
+            for kind, what in self.events.due(now):
+                if kind is Kind.ARRIVAL:
+                    rs = self._route(self.requests[what])
+                    self._arrived = what + 1
+                elif kind is Kind.LOADED:
+                    rs = self.moves.activate(what)
+                elif kind is Kind.KV_LANDED:
+                    rs = self.loans.land_kv(*what, now)
+                elif kind is Kind.KV_SYNCED:  # a wide iteration whose KV sync is done
+                    rs = self._complete(what, now, synced=True)
+                else:  # activations landed on the next stage
+                    rs, mb = what
+                    if rs.pipe.arrive(mb, mb.stage + 1):
+                        self._run_stage(rs, mb)
+                    continue
+                if rs is not None:
+                    dirty[rs] = None
+        for rs in dirty:
+            self._launch_batches(rs, now)
+        dirty.clear()
+        if self._lane is not None:  # a home-only scheduler decides nothing (the lane places every iteration)
+            return self._no_decision
+        return self._carry_out(self.scheduler.schedule(self.gmg, now), now, dirty)
+
+    def advance(self, decision: SchedulerDecision, until: float, dirty: dict[ReplicaState, None]) -> None:
+        """One step's second half: the backend runs `decision` until `until` (or a wake-up), and
+        what it reports is applied (iterations completed, OOMs); replicas touched join `dirty`."""
+        now = self.backend.now
+        outcome = self.backend.execute(decision, until=until, wake=self.scheduler.wake_on())
+        self.scheduler.update(outcome)
+        tokens = dict(outcome.tokens) if outcome.tokens else None
+        for key in outcome.finished_iterations:
+            dirty[self._complete(key, outcome.time, tokens=tokens.get(key) if tokens else None)] = None
+        for oom in outcome.ooms:
+            if not any(oom is seen for seen in self._kv_ooms):  # a refused KV charge, handled then
+                dirty.update(dict.fromkeys(self._on_oom(oom)))
+        self._kv_ooms.clear()
+        progressed = outcome.completed or outcome.finished_iterations or outcome.time > now
+        self._stalls = 0 if progressed else self._stalls + 1
+        if self._stalls > 3:
+            raise RuntimeError(f"replay stalled at t={now:.6f}s: scheduler '{self.scheduler.name}' "
+                               f"leaves {len(self.gmg.unmapped_ready())} ready slices unplaced")
 
     def _carry_out(self, decision: SchedulerDecision, now: float, dirty: dict[ReplicaState, None]) -> SchedulerDecision:
         """The driver's part of a decision (container moves, guests, KV shards); the replicas it
@@ -567,7 +580,7 @@ class ReplayDriver:
                          {**self.scheduler.run_report(), **({"shard_bytes_moved": loans.shard_bytes_moved,
                                                              "kv_bytes_moved": loans.kv_bytes_moved}
                                                             if loans.shards_staged else {})})
-        timeline = _trim_trace(self.backend.perfetto(ops=False)) if self.record_timeline else None
+        timeline = trim_trace(self.backend.perfetto(ops=False)) if self.record_timeline else None
         return RunResult(self.scheduler.name, self.rate_scale, self.requests, makespan,
                          self.slas, busy, self.cluster.num_devices, stats, self.ooms, timeline,
                          self.attribution.tenant_busy(), self.home, self.window_s)
@@ -582,14 +595,3 @@ def replay(sc: Scenario, scheduler: Scheduler, trace: Trace, progress: Callable[
         return ReplayDriver(sc, scheduler, trace, **kwargs).run(progress)
     except LaneUnsafe:
         return ReplayDriver(sc, scheduler, trace, **{**kwargs, "lane": False}).run(progress)
-
-
-TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory
-TRACE_MAX_EVENTS = 400_000
-
-
-def _trim_trace(trace: dict) -> dict:
-    """Keep a trace small enough to open in the Perfetto UI: metadata plus the first window."""
-    ev = trace.get("traceEvents", [])
-    keep = [e for e in ev if e.get("ph") == "M" or e.get("ts", 0) <= TRACE_WINDOW_US][:TRACE_MAX_EVENTS]
-    return {**trace, "traceEvents": keep}

@@ -52,5 +52,13 @@ class Fleet:
     def unpark(self, tenant: str) -> list[Request]:
         return self.parked.pop(tenant, [])
 
+    def withdraw(self, req: Request) -> bool:
+        """A parked request leaves (its client went away); False if it was not parked."""
+        waiting = self.parked.get(req.tenant, [])
+        if req not in waiting:
+            return False
+        waiting.remove(req)
+        return True
+
     def parked_counts(self) -> dict[str, int]:
         return {t: len(q) for t, q in self.parked.items()}

@@ -34,6 +34,7 @@ from slicesched.executor.calibration import GRID, StepShape, calibrate_serving
 from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config, spec_of
 from slicesched.gmg import GlobalMappingGraph
 from slicesched.replay.driver import ReplayDriver, RunResult
+from slicesched.replay.live import LiveDriver
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
@@ -52,18 +53,24 @@ class RealSetup:
     device_memory_bytes: float
     torch_device: str = "cpu"
     source: Scenario | None = field(default=None, compare=False)  # the scenario as written
+    checkpoints: dict[str, str] = field(default_factory=dict)  # tenant -> local HF checkpoint folder it loads
 
 
 def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_DEVICE_MEMORY,
                torch_device: str = "cpu", scaled: bool | None = None) -> RealSetup:
     """Scaled-down models on CPU devices (`torch_device="cpu"`), full ones on a CUDA device
-    (`scaled`: either way on any device)."""
+    (`scaled`: either way on any device). A tenant whose model is a local Hugging Face
+    checkpoint folder (config.json, safetensors) runs its own weights, never scaled."""
     scaled = torch.device(torch_device).type == "cpu" if scaled is None else scaled
     folder.mkdir(parents=True, exist_ok=True)
-    configs, seeds, tenants = {}, {}, []
+    configs, seeds, tenants, checkpoints = {}, {}, [], {}
     for i, t in enumerate(sc.tenants):
         given = Path(t.model)
-        cfg = served_config(json.loads(given.read_text()) if given.is_file() else shipped_config(t.model), scaled)
+        if given.is_dir():
+            checkpoints[t.name] = str(given.resolve())
+            cfg = served_config(json.loads((given / "config.json").read_text()), scaled=False)
+        else:
+            cfg = served_config(json.loads(given.read_text()) if given.is_file() else shipped_config(t.model), scaled)
         path = folder / f"{i:02d}-{file_name(t.name)}.json"
         path.write_text(json.dumps(cfg, indent=1))
         configs[t.name], seeds[t.name] = cfg, sc.seed * 1000 + i
@@ -74,7 +81,7 @@ def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_
         cluster = (cluster.model_copy(update={"node_groups": tuple(g.model_copy(update=cpu) for g in cluster.node_groups)})
                    if cluster.node_groups else cluster.model_copy(update=cpu))
     served = sc.model_copy(update={"tenants": tenants, "cluster": cluster})
-    return RealSetup(served, configs, seeds, float(device_memory_bytes), torch_device, sc)
+    return RealSetup(served, configs, seeds, float(device_memory_bytes), torch_device, sc, checkpoints)
 
 
 def scenario_cost(sc: Scenario, profile: str | None = None) -> CostModel:
@@ -83,17 +90,29 @@ def scenario_cost(sc: Scenario, profile: str | None = None) -> CostModel:
     return make_cost_model("calibrated", profile=profile) if profile else make_cost_model("roofline")
 
 
+def tenant_model(setup: RealSetup, tenant: str, device: str) -> torch.nn.Module:
+    """The model a tenant serves, on `device`: its checkpoint's weights, or seeded random ones."""
+    folder = setup.checkpoints.get(tenant)
+    if folder is None:
+        return build_model(setup.configs[tenant], setup.seeds[tenant], device)
+    import transformers
+
+    cfg = setup.configs[tenant]
+    dtype = torch.float32 if cfg.get("torch_dtype") in ("float32", None) else torch.bfloat16
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+
+
 def _factories(setup: RealSetup) -> dict:
     """Per tenant, its PagedModel on a device. Built before the wall clock starts: CPU devices
     share one module per tenant (the same memory; each device's budget is charged its bytes),
-    other devices get their own copy of the same seeded weights."""
-    built = {t: build_model(setup.configs[t], setup.seeds[t], setup.torch_device) for t in setup.configs}
+    other devices get their own copy of the same weights."""
+    built = {t: tenant_model(setup, t, setup.torch_device) for t in setup.configs}
 
     def make(tenant: str, device: torch.device) -> PagedModel:
         have = next(built[tenant].parameters()).device
         if device.type == "cpu" or (device.type == have.type and device.index in (None, have.index)):
             return PagedModel(built[tenant])
-        return PagedModel(build_model(setup.configs[tenant], setup.seeds[tenant], str(device)))
+        return PagedModel(tenant_model(setup, tenant, str(device)))
 
     return {t: partial(make, t) for t in setup.configs}
 
@@ -128,42 +147,57 @@ def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s
           cost: CostModel | None = None, executor: Executor | None = None) -> RealRun:
     """Serve the scenario's trace under `scheduler` on executor devices (`executor`: the
     caller's, left open; default: one per run); tokens per request in `Request.output_ids`."""
-    sc = setup.scenario
-    cost = cost or scenario_cost(sc)
-    window = sc.replay.duration_s if window_s is None else window_s
-    n = sc.cluster.num_devices
     own = executor is None
-    if own:
-        executor = Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
-    factories = _factories(setup)
+    executor = executor or executor_of(setup)
     threads = torch.get_num_threads()
     if setup.torch_device == "cpu":  # one worker thread per device, one core each (as `slicesched profile` measures)
         torch.set_num_threads(1)
+    try:
+        driver, backend = real_driver(setup, scheduler, executor, cost=cost, rate_scale=rate_scale, window_s=window_s)
+        res = driver.run()
+    finally:
+        torch.set_num_threads(threads)
+        if own:
+            executor.close()
+    return RealRun(res, backend.dispatch_s, res.stats.wall_s, backend.loan_report())
+
+
+def executor_of(setup: RealSetup) -> Executor:
+    """Executor devices for the scenario: one per device of its cluster, each with its budget."""
+    n = setup.scenario.cluster.num_devices
+    return Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
+
+
+def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: CostModel | None = None,
+                rate_scale: float = 1.0, window_s: float | None = None, live: bool = False
+                ) -> tuple[ReplayDriver, ExecutorBackend]:
+    """The replay driver of the scenario's trace on `executor`'s devices (`live`: a
+    `LiveDriver`, the trace only planning the deployment), and its backend. What the executor
+    cannot run is refused here (`InputError`), before anything runs."""
+    sc = setup.scenario
+    cost = cost or scenario_cost(sc)
+    window = sc.replay.duration_s if window_s is None else window_s
+    factories = _factories(setup)
     made: list[ExecutorBackend] = []
 
     def backend(gmg: GlobalMappingGraph, priced: CostModel) -> ExecutorBackend:
         made.append(ExecutorBackend(executor, gmg, factories, cost=priced))
         return made[-1]
 
-    try:
-        if sc.replay.prefix_caching:  # the executor's pools have no shared blocks yet: refused, not ignored
-            raise InputError("prefix caching is not run on the executor yet; set [replay] prefix_caching = false",
-                             field="replay.prefix_caching")
-        _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
-        driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
-                              rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
-                              backend=backend, device_memory_bytes=setup.device_memory_bytes)
-        _check_groups(setup, scheduler, [(rs.replica.tenant, rs.replica.tp, rs.replica.pp) for rs in driver.replicas])
-        if driver.provisioning.cold:  # its weights would come from host memory, which the executor does not load yet
-            cold = sorted({driver.replicas[i].replica.tenant for i in driver.provisioning.cold})
-            raise InputError(f"under {scheduler}, {', '.join(cold)} would start without weights on some devices and "
-                             "load them from host memory when needed, which the executor does not run yet")
-        res = driver.run()
-    finally:
-        torch.set_num_threads(threads)
-        if own:
-            executor.close()
-    return RealRun(res, made[0].dispatch_s, res.stats.wall_s, made[0].loan_report())
+    if sc.replay.prefix_caching:  # the executor's pools have no shared blocks yet: refused, not ignored
+        raise InputError("prefix caching is not run on the executor yet; set [replay] prefix_caching = false",
+                         field="replay.prefix_caching")
+    _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
+    kind = LiveDriver if live else ReplayDriver
+    driver = kind(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
+                  rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
+                  backend=backend, device_memory_bytes=setup.device_memory_bytes)
+    _check_groups(setup, scheduler, [(rs.replica.tenant, rs.replica.tp, rs.replica.pp) for rs in driver.replicas])
+    if driver.provisioning.cold:  # its weights would come from host memory, which the executor does not load yet
+        cold = sorted({driver.replicas[i].replica.tenant for i in driver.provisioning.cold})
+        raise InputError(f"under {scheduler}, {', '.join(cold)} would start without weights on some devices and "
+                         "load them from host memory when needed, which the executor does not run yet")
+    return driver, made[0]
 
 
 def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, int, int]]) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from slicesched.replay.driver import TRACE_WINDOW_US
+from slicesched.sim.trace import TRACE_WINDOW_US
 from slicesched.replay.experiment import RunSummary
 from slicesched.serving import idle_intervals
 from slicesched.serving.metrics import DEFAULT_IDLE_EDGES

@@ -146,6 +146,7 @@ class TenantEngine:
         self._live: dict[int, Request] = {}  # every unfinished request, by id
         self._inflight: dict[int, Batch] = {}  # by iteration index
         self._busy: set[int] = set()  # ids in some in-flight batch
+        self._stopping: dict[int, bool] = {}  # id -> cancelled, of requests stopped while in a batch in flight
         self._iteration = 0
 
     # ---- driver interface -------------------------------------------------------------------
@@ -225,9 +226,37 @@ class TenantEngine:
                     or req.prompt_tokens + req.num_generated > self.max_model_len):
                 self._finish(req, now)
                 finished.append(req)
+        for rid in [r for r in batch.req_ids if r in self._stopping] if self._stopping else ():
+            cancelled, req = self._stopping.pop(rid), live.get(rid)
+            if req is not None:  # not finished by this step anyway
+                self._end(req, now, cancelled)
+                finished.append(req)
         if finished:
             self._running = [r for r in self._running if r.state is RequestState.RUNNING]
         return finished
+
+    def stop(self, req_id: int, now: float, cancelled: bool = False) -> bool:
+        """End a live request before its `output_tokens` (live serving: it emitted an
+        end-of-sequence or stop token, or, `cancelled`, its client went away). Its KV blocks are
+        freed now, or when the batch in flight that holds it is done. False if it is not live."""
+        req = self._live.get(req_id)
+        if req is None:
+            return False
+        if req_id in self._busy:
+            self._stopping[req_id] = cancelled
+        else:
+            self._end(req, now, cancelled)
+        return True
+
+    def _end(self, req: Request, now: float, cancelled: bool) -> None:
+        if req.state is RequestState.RUNNING:
+            self._running.remove(req)
+        else:
+            self._waiting.remove(req)
+        req.output_tokens = max(req.num_generated, 1)  # what it was: the engine learns the end now
+        self._finish(req, now)
+        if cancelled:
+            req.state = RequestState.CANCELLED
 
     def preempt_all(self, now: float) -> int:
         """Preempt every running request by recomputation; returns how many.
@@ -237,6 +266,9 @@ class TenantEngine:
         """
         self._inflight.clear()
         self._busy.clear()
+        for rid, cancelled in self._stopping.items():  # their batches are dropped: they end now
+            self._end(self._live[rid], now, cancelled)
+        self._stopping.clear()
         n = len(self._running)
         for i in range(n - 1, -1, -1):  # newest first, so the oldest ends up at the queue front
             self._preempt(i)

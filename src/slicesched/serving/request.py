@@ -30,6 +30,7 @@ class RequestState(enum.StrEnum):
     PREEMPTED = "preempted"  # lost its KV; back at the waiting queue's front, prefill restarts
     FINISHED = "finished"  # emitted its last token (or hit the engine's max_model_len)
     REJECTED = "rejected"  # refused at arrival, never served (longer than the model or KV pool allows)
+    CANCELLED = "cancelled"  # its client went away before it finished (live serving); its KV freed
 
 
 @dataclass(slots=True, eq=False)

@@ -102,3 +102,14 @@ def _memory_events(sim: "Simulator", n: int) -> list[dict[str, Any]]:
 def _counter(t: float, d: int, level: np.ndarray) -> dict[str, Any]:
     return {"name": "memory (GB)", "ph": "C", "ts": t * _US, "pid": d,
             "args": {c: float(v) / 1e9 for c, v in zip(CATEGORIES, level)}}
+
+
+TRACE_WINDOW_US = 2e6  # Perfetto: the first 2 simulated seconds of slices, transfers, memory
+TRACE_MAX_EVENTS = 400_000
+
+
+def trim_trace(trace: dict) -> dict:
+    """Keep a trace small enough to open in the Perfetto UI: metadata plus the first window."""
+    ev = trace.get("traceEvents", [])
+    keep = [e for e in ev if e.get("ph") == "M" or e.get("ts", 0) <= TRACE_WINDOW_US][:TRACE_MAX_EVENTS]
+    return {**trace, "traceEvents": keep}
