@@ -1,0 +1,147 @@
+"""`python benchmarks/http.py`: the HTTP endpoint under load: `slicesched serve` started as a user starts it, driven over
+loopback by concurrent streaming clients for a bounded time, then stopped with SIGTERM.
+
+    python benchmarks/http.py [--clients 8] [--seconds 20] [--scheduler slicesched] [--scenario FILE]
+
+Prints one figure per line as `name: value unit`. The scenario is `scenarios/loans_cpu.toml`
+(three scaled-down random-weight tenants, one CPU executor device each). Each client thread
+sends streaming completions back to back (tenant, prompt length and max_tokens drawn from a
+seeded generator: prompts of 20-400 bytes, 8-64 output tokens) until the time is up; a request
+counts as an error unless it answers 200 and streams every token it asked for, then [DONE].
+TTFT is measured by the client: from sending the request to the first chunk carrying tokens.
+The clients share the machine's cores with the server, so the figures are those of a loaded
+host, not of the server alone (`load_avg_1m` says how loaded).
+
+Figures: `http_requests_per_s` (completed requests over the load's wall time),
+`http_output_tokens_per_s`, `http_ttft_p50_s`, `http_ttft_p99_s`, `http_errors`,
+`http_requests`, `http_stop_s` (SIGTERM to exit, the streams in flight finishing first),
+`http_exit_status`. Ray device workers and worker faults are not built yet, so no figure of
+them is printed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the quick brown fox jumps over the lazy dog while many models share one cluster".split()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"the server did not come up (exit status {proc.poll()})")
+
+
+def _one(port: int, tenant: str, prompt: str, max_tokens: int) -> tuple[float | None, int, bool]:
+    """(TTFT, tokens streamed, ok) of one streaming completion."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.perf_counter()
+    try:
+        body = {"model": tenant, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "return_token_ids": True}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            resp.read()
+            return None, 0, False
+        ttft, n, done = None, 0, False
+        for line in resp:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            ids = json.loads(data)["choices"][0].get("token_ids") or []
+            if ids and ttft is None:
+                ttft = time.perf_counter() - t0
+            n += len(ids)
+        return ttft, n, done and n == max_tokens
+    except (OSError, http.client.HTTPException, ValueError, KeyError):
+        return None, 0, False
+    finally:
+        conn.close()
+
+
+def _client(port: int, tenants: list[str], seed: int, until: float, out: list) -> None:
+    rng = random.Random(seed)
+    while time.perf_counter() < until:
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 80)))[:400]
+        out.append(_one(port, rng.choice(tenants), prompt, rng.randint(8, 64)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--scheduler", default="slicesched")
+    ap.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "loans_cpu.toml")
+    args = ap.parse_args()
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "slicesched.cli", "serve", str(args.scenario), "--scheduler",
+                             args.scheduler, "--port", str(port), "--grace-s", "60"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_up(port, proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            tenants = [m["id"] for m in json.loads(r.read())["data"]]
+        results: list[tuple[float | None, int, bool]] = []
+        t0 = time.perf_counter()
+        until = t0 + args.seconds
+        threads = [threading.Thread(target=_client, args=(port, tenants, i, until, results))
+                   for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        t_stop = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=120)
+        stop_s = time.perf_counter() - t_stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ok = [r for r in results if r[2]]
+    ttft = np.array([r[0] for r in ok if r[0] is not None])
+    print(f"http_clients: {args.clients} clients")
+    print(f"http_scheduler: {args.scheduler}")
+    print(f"http_requests: {len(results)} requests")
+    print(f"http_requests_per_s: {len(ok) / wall:.2f} requests/s")
+    print(f"http_output_tokens_per_s: {sum(r[1] for r in ok) / wall:.1f} tokens/s")
+    print(f"http_ttft_p50_s: {np.percentile(ttft, 50) if len(ttft) else float('nan'):.4f} s")
+    print(f"http_ttft_p99_s: {np.percentile(ttft, 99) if len(ttft) else float('nan'):.4f} s")
+    print(f"http_errors: {len(results) - len(ok)} requests")
+    print(f"http_stop_s: {stop_s:.2f} s")
+    print(f"http_exit_status: {status}")
+    print(f"load_avg_1m: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
