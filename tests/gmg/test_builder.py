@@ -113,7 +113,9 @@ def test_builder_chain_equals_deps_derived_from_edges(llama8b, grain):
 
 
 # ---- the fast builder against a frozen copy of the original one ------------------------------
-MODELS = {name: model_spec(name) for name in known_models()}
+# (fine-grained MoE, with its own expert width and shared experts, came after that copy: its
+# rows are checked in tests/gmg/test_builder_moe.py)
+MODELS = {name: model_spec(name) for name in known_models() if not model_spec(name).moe_intermediate}
 
 
 def assert_same_graph(got, want):

@@ -25,6 +25,7 @@ from slicesched.config.settings import PlanConfig, SchedulersConfig
 from slicesched.errors import InputError
 from slicesched.hardware.cluster import Cluster, NodeSpec
 from slicesched.hardware.specs import DEVICES, LINKS
+from slicesched.models.spec import ModelSpec  # noqa: F401 - the type TenantConfig.spec returns
 
 
 class NodeGroup(_Strict):
@@ -139,6 +140,21 @@ class TenantConfig(_Strict):
     max_num_seqs: int = Field(256, ge=1, le=MAX_SEQS, description="most sequences in one batch (vLLM max_num_seqs)")
     max_batch_tokens: int = Field(8192, ge=16, le=MAX_TOKENS, description="token budget of one iteration")
     chunked_prefill: bool = Field(True, description="Sarathi-style chunked prefill within the token budget")
+    expert_parallel: bool = Field(False, description="MoE: experts split whole over the tp devices (expert "
+                                  "parallelism; attention stays tensor-parallel), not each expert cut tp ways")
+    expert_routing_skew: float = Field(0.0, ge=0, le=4, description="MoE: expert popularity ~ 1 / rank^skew "
+                                       "(Zipf) in the routing model graphs are priced by; 0: uniform")
+
+    def spec(self) -> "ModelSpec":
+        """The tenant's model as it is served: its config, with how its experts are served."""
+        from dataclasses import replace
+
+        from slicesched.models.spec import model_spec
+
+        m = model_spec(self.model)
+        if not m.num_experts:
+            return m
+        return replace(m, expert_parallel=self.expert_parallel, routing_skew=self.expert_routing_skew)
 
     @model_validator(mode="after")
     def _batch_has_a_deadline(self) -> "TenantConfig":

@@ -10,8 +10,9 @@ with the past keys and values read from the pool blocks the engine assigned
 
 Models come from the shipped configs (`models/configs`), scaled down on CPU to a few small
 layers (`scaled_config`), built with a fixed seed so that every device and the eager reference
-hold the same weights. Llama-family architectures only (llama, mistral, qwen2, qwen3): their
-decoder layers are `input_layernorm -> self_attn -> post_attention_layernorm -> mlp`.
+hold the same weights. Llama-family architectures only (llama, mistral, qwen2, qwen3, and
+qwen2_moe, whose `mlp` is a sparse MoE block): their decoder layers are
+`input_layernorm -> self_attn -> post_attention_layernorm -> mlp`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from slicesched.decisions import StepInputs
 from slicesched.errors import InputError
 from slicesched.models.spec import ModelSpec, from_hf_config
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe")
 #: The CPU stand-in of every model: shape ratios (GQA, MLP width) kept, sizes cut.
 CPU_HIDDEN, CPU_HEADS, CPU_LAYERS, CPU_VOCAB = 128, 4, 2, 2048
 #: Random weights this wide make the top two logits differ by ~0.1, far above float32 rounding,
@@ -48,8 +49,13 @@ def scaled_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("model_type") not in FAMILIES:
         raise InputError(f"real serving runs {', '.join(FAMILIES)} models, not {cfg.get('model_type')!r}")
     heads, kv = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+
+    def cut(width: int) -> int:  # an MLP width in the same ratio to the hidden size, a multiple of 8
+        return -(-(width * CPU_HIDDEN // int(cfg["hidden_size"])) // 8) * 8
+
+    moe = {k: cut(int(cfg[k])) for k in ("moe_intermediate_size", "shared_expert_intermediate_size") if cfg.get(k)}
     inter = int(cfg["intermediate_size"]) * CPU_HIDDEN // int(cfg["hidden_size"])
-    return {**cfg, "hidden_size": CPU_HIDDEN, "num_attention_heads": CPU_HEADS,
+    return {**cfg, **moe, "hidden_size": CPU_HIDDEN, "num_attention_heads": CPU_HEADS,
             "num_key_value_heads": max(1, CPU_HEADS * kv // heads), "head_dim": CPU_HIDDEN // CPU_HEADS,
             "intermediate_size": -(-inter // 8) * 8, "num_hidden_layers": CPU_LAYERS,
             "vocab_size": min(int(cfg["vocab_size"]), CPU_VOCAB), "torch_dtype": "float32",

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from slicesched.executor.moe import MoEWeights, is_moe, moe_copy, moe_part, moe_partial
 from slicesched.executor.serving import AttentionWeights, PagedModel, StepState, attend
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class StagedShard:
     rank: int
     degree: int
     norm: torch.nn.Module
-    weights: AttentionWeights | MLPWeights | ReplicaWeights
+    weights: AttentionWeights | MLPWeights | MoEWeights | ReplicaWeights
     nbytes: int
 
 
@@ -94,7 +95,8 @@ def block_stage(model: PagedModel, block: int) -> int:
     return 0 if block == 2 * layers else block if block == 2 * layers + 1 else block + 1
 
 
-def _part(model: PagedModel, stage: int, rank: int, degree: int) -> tuple[torch.nn.Module, AttentionWeights | MLPWeights]:
+def _part(model: PagedModel, stage: int, rank: int, degree: int
+          ) -> tuple[torch.nn.Module, AttentionWeights | MLPWeights | MoEWeights]:
     """Views of the full weights of `stage`, cut to rank `rank` of `degree` (no copy)."""
     layer = model.inner.layers[(stage - 1) // 2]
     if stage % 2:
@@ -110,6 +112,8 @@ def _part(model: PagedModel, stage: int, rank: int, degree: int) -> tuple[torch.
             rows(w.q, qh), rows(w.k, kh), rows(w.v, kh), w.o.narrow(1, qh.start * d, len(qh) * d),
             rows(w.bq, qh), rows(w.bk, kh), rows(w.bv, kh), w.bo, w.q_norm, w.k_norm)
     mlp = layer.mlp
+    if is_moe(mlp):
+        return layer.post_attention_layernorm, moe_part(mlp, lambda width: cols_of(rank, degree, width))
     c = cols_of(rank, degree, mlp.gate_proj.weight.shape[0])
     return layer.post_attention_layernorm, MLPWeights(mlp.gate_proj.weight.narrow(0, c.start, len(c)),
                                                       mlp.up_proj.weight.narrow(0, c.start, len(c)),
@@ -135,6 +139,8 @@ def cut_shard(model: PagedModel, block: int, rank: int, degree: int, device: tor
         kn = None if w.k_norm is None else copy.deepcopy(w.k_norm).to(device)
         w = AttentionWeights(mv(w.q), mv(w.k), mv(w.v), mv(w.o), mv(w.bq), mv(w.bk), mv(w.bv),
                              mv(w.bo) if rank == 0 else None, qn, kn)
+    elif isinstance(w, MoEWeights):
+        w = moe_copy(w, device)
     else:
         w = MLPWeights(mv(w.gate), mv(w.up), mv(w.down))
     nbytes = sum(t.numel() * t.element_size() for t in _tensors(w)) + sum(
@@ -142,7 +148,9 @@ def cut_shard(model: PagedModel, block: int, rank: int, degree: int, device: tor
     return StagedShard(rank, degree, norm, w, nbytes)
 
 
-def _tensors(w: AttentionWeights | MLPWeights) -> list[torch.Tensor]:
+def _tensors(w: AttentionWeights | MLPWeights | MoEWeights) -> list[torch.Tensor]:
+    if isinstance(w, MoEWeights):
+        return w.tensors()
     if isinstance(w, MLPWeights):
         return [w.gate, w.up, w.down]
     ts = [w.q, w.k, w.v, w.o, w.bq, w.bk, w.bv, w.bo]
@@ -287,10 +295,13 @@ def _rank_job(ctx: WideContext, model: PagedModel, tenant: str, i: int, block: i
     return job
 
 
-def _compute(model: PagedModel, i: int, norm: torch.nn.Module, w: AttentionWeights | MLPWeights, st: StepState,
+def _compute(model: PagedModel, i: int, norm: torch.nn.Module, w: AttentionWeights | MLPWeights | MoEWeights,
+             st: StepState,
              kv: tuple[torch.Tensor, torch.Tensor] | None, rank: int, degree: int, new: torch.Tensor) -> torch.Tensor:
     """Rank `rank`'s partial sum of stage i (attention into `kv`, the rank's pool or mirror)."""
     x = norm(st.h)
+    if isinstance(w, MoEWeights):
+        return moe_partial(w, x)
     if isinstance(w, MLPWeights):
         act = model.inner.layers[(i - 1) // 2].mlp.act_fn
         f = torch.nn.functional.linear

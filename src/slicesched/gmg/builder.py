@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from slicesched.gmg.ops import BatchShape, Grain, IterationGraph, OpKind, OpRows
+from slicesched.gmg.routing import expert_load
 from slicesched.models.spec import ModelSpec
 
 
@@ -28,16 +29,19 @@ class _Counts(NamedTuple):
     keys: int  # sum over query tokens of the keys each attends to
     kv_read: int  # KV cache tokens read
     logits: int  # sequences that need logits
-    touched: float = 0.0  # expected distinct experts hit (MoE); enters only as touched * bytes
+    # MoE (`gmg.routing`), on one device: expected experts touched (their weights read) and
+    # expert token-rows computed (k per token over all experts, the busiest rank's under EP)
+    touched: float = 0.0
+    expert_tokens: float = 0.0
 
 
-def _counts(m: ModelSpec, s: BatchShape) -> _Counts:
+def _counts(m: ModelSpec, s: BatchShape, tp: int) -> _Counts:
     T = s.num_tokens
-    touched = 0.0
+    rows = touched = 0.0
     if m.num_experts:
-        E, k = m.num_experts, m.experts_per_token
-        touched = E * (1 - (1 - k / E) ** T)  # expected distinct experts hit by T tokens
-    return _Counts(T, s.attended_keys(), s.kv_tokens_read(), s.logits_seqs, touched)
+        rows, touched = expert_load(m.num_experts, m.experts_per_token, m.routing_skew, T,
+                                    tp if m.expert_parallel else 1)
+    return _Counts(T, s.attended_keys(), s.kv_tokens_read(), s.logits_seqs, touched, rows)
 
 
 @dataclass(slots=True)
@@ -108,16 +112,7 @@ def _mlp_rows(m: ModelSpec, tp: int, c: _Counts, base: int) -> list[_Row]:
     up_n = 2 * i if m.gated_mlp else i
     bias = m.linear_bias
     if m.num_experts:
-        E, k = m.num_experts, m.experts_per_token
-        expert_w = 3 * h * i * b
-        return [
-            _Row(OpKind.MOE_ROUTER, 2 * T * h * E, act, T * E * 4, h * E * b, T * E * 4, inputs=(base - 1,),
-                 block=1, shape=((T, h), (h, E), (T, E))),
-            # All experts must be resident; only the experts some token picked are read.
-            _Row(OpKind.MOE_EXPERTS, 2 * T * k * 3 * h * i + 5 * T * k * i, act + T * E * 4, act,
-                 E * expert_w, act, inputs=(base - 1, base), block=1, weights_read=c.touched * expert_w,
-                 shape=((T, h), (E, h, 2 * i), (E, i, h), (T, h))),
-        ]
+        return _moe_rows(m, tp, c, base)
     act_flops = 5 if m.gated_mlp else 8  # SiLU(gate)*up vs GELU
     return [
         _Row(OpKind.MLP_UP, 2 * T * h * up_n, act, T * up_n * b, (h * up_n + (i if bias else 0)) * b,
@@ -127,6 +122,37 @@ def _mlp_rows(m: ModelSpec, tp: int, c: _Counts, base: int) -> list[_Row]:
         _Row(OpKind.MLP_DOWN, 2 * T * i * h, T * i * b, act, (i * h + (h if bias else 0)) * b, act,
              inputs=(base + 1,), block=1, shape=((T, i), (i, h), (T, h))),
     ]
+
+
+def _moe_rows(m: ModelSpec, tp: int, c: _Counts, base: int) -> list[_Row]:
+    """Router (with the shared experts' gate), the routed experts' GEMMs on the token-rows the
+    routing model gives this device, then the shared experts (every token) as a dense MLP.
+    Experts are cut tp ways, or under expert parallelism held whole, E / tp per device."""
+    T, b, h, E = c.tokens, m.dtype_bytes, m.hidden, m.num_experts
+    act, R = T * h * b, c.expert_tokens
+    ep = tp if m.expert_parallel else 1
+    i = m.expert_intermediate // (tp // ep)
+    expert_w = 3 * h * i * b
+    gates = E + (1 if m.shared_gate else 0)
+    rows = [
+        _Row(OpKind.MOE_ROUTER, 2 * T * h * gates, act, T * E * 4, h * gates * b, T * E * 4, inputs=(base - 1,),
+             block=1, shape=((T, h), (h, gates), (T, E))),
+        # All its experts must be resident; only the experts some token picked are read.
+        _Row(OpKind.MOE_EXPERTS, 2 * R * 3 * h * i + 5 * R * i, act + T * E * 4, act, E // ep * expert_w, act,
+             inputs=(base - 1, base), block=1, weights_read=c.touched * expert_w,
+             shape=((T, h), (E // ep, h, 2 * i), (E // ep, i, h), (T, h))),
+    ]
+    if m.shared_intermediate:
+        s = m.shared_intermediate // tp
+        rows += [
+            _Row(OpKind.MLP_UP, 2 * T * h * 2 * s, act, T * 2 * s * b, h * 2 * s * b, T * 2 * s * b,
+                 inputs=(base - 1, base + 1), block=1, shape=((T, h), (h, 2 * s), (T, 2 * s))),
+            _Row(OpKind.MLP_ACT, 5 * T * s, T * 2 * s * b, T * s * b, 0, T * s * b, inputs=(base + 2,), block=1,
+                 shape=((T, 2 * s), (T, s))),
+            _Row(OpKind.MLP_DOWN, 2 * T * s * h, T * s * b, act, s * h * b, act, inputs=(base + 3,), block=1,
+                 shape=((T, s), (s, h), (T, h))),
+        ]
+    return rows
 
 
 def _head_rows(m: ModelSpec, tp: int, c: _Counts) -> tuple[_Row, list[_Row]]:
@@ -164,11 +190,11 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
                     tenant: str = "", iteration: int = 0, with_shapes: bool = False) -> IterationGraph:
     """The op graph of one forward pass of `shape` on a `tp`-way tensor-parallel group."""
     t = _template(m, tp, grain)
-    c = _counts(m, shape)
+    c = _counts(m, shape, tp)
     # int64 is exact (no number comes near 2**63), so each number is rounded to float once.
     v = (np.array((1, *c[:4]), np.int64) @ t.coef).astype(np.float64)
-    if t.touched is not None:
-        v += c.touched * t.touched  # float(integer part) + touched * bytes, as the row computes it
+    if t.moe is not None:  # float(integer part) + touched * bytes + rows * flops, as the rows compute it
+        v += c.touched * t.moe[0] + c.expert_tokens * t.moe[1]
     v = v.reshape(8, -1)
     v[1] += v[7]  # bytes read: activations and KV, plus the weights read
     distinct = OpRows(t.gather, t.row_kind, v[0], v[1], v[2], v[3], v[6], v)
@@ -201,7 +227,7 @@ class _Template:
     gather: np.ndarray  # template row of every op: 0 embedding, 1..n the layer, n+1.. the head
     row_kind: np.ndarray  # int8 kind of every template row
     coef: np.ndarray  # int64 [5, 8 * rows], see `_coefficients`
-    touched: np.ndarray | None  # float64 [8 * rows]; None for dense models
+    moe: np.ndarray | None  # float64 [2, 8 * rows], of experts touched and expert rows; None for dense models
 
 
 def tp_problem(m: ModelSpec, tp: int) -> str | None:
@@ -271,18 +297,18 @@ def _numbers(m: ModelSpec, tp: int, c: _Counts) -> list[float]:
 
 def _coefficients(m: ModelSpec, tp: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Coefficients of (1, tokens, keys, kv_read, logits) in every row number, int64 [5, numbers],
-    and of experts touched, float64 [numbers] (None if no number depends on it)."""
+    and of (experts touched, expert rows), float64 [2, numbers] (None if no number depends on them)."""
     units = [_Counts(0, 0, 0, 0), _Counts(1, 0, 0, 0), _Counts(0, 1, 0, 0), _Counts(0, 0, 1, 0),
-             _Counts(0, 0, 0, 1), _Counts(0, 0, 0, 0, 1)]
+             _Counts(0, 0, 0, 1), _Counts(0, 0, 0, 0, 1), _Counts(0, 0, 0, 0, 0, 1)]
     base, *unit = (_numbers(m, tp, u) for u in units)
     coef = [base] + [[a - b for a, b in zip(u, base)] for u in unit]
     # The rows must be affine in the counts with integer coefficients; a probe point checks it.
-    probe = (1, 3, 5, 7, 11, 13)
+    probe = (1, 3, 5, 7, 11, 13, 17)
     predicted = [sum(p * k for p, k in zip(probe, ks)) for ks in zip(*coef)]
     if predicted != _numbers(m, tp, _Counts(*probe[1:])) or any(k != int(k) for ks in coef for k in ks):
         raise AssertionError("builder rows must be affine in _Counts with integer coefficients")
-    touched = np.array(coef.pop(), np.float64)
-    return np.array(coef, np.int64), (touched if touched.any() else None)
+    moe = np.array(coef[5:], np.float64)
+    return np.array(coef[:5], np.int64), (moe if moe.any() else None)
 
 
 def _edges(layer: list[_Row], n: int, L: int) -> tuple[np.ndarray, np.ndarray]:

@@ -34,6 +34,12 @@ class ModelSpec:
     gated_mlp: bool = True  # SwiGLU (gate, up, down) vs plain (fc1, fc2)
     num_experts: int = 0  # 0: dense MLP
     experts_per_token: int = 0
+    moe_intermediate: int = 0  # a routed expert's MLP width, where not `intermediate` (fine-grained MoE)
+    shared_intermediate: int = 0  # the shared experts' MLP width (every token runs them); 0: none
+    shared_gate: bool = False  # a sigmoid gate (hidden -> 1) scales the shared experts' output (Qwen-MoE)
+    # how the tenant serves its experts (a serving choice, set per tenant: `TenantConfig.spec`)
+    expert_parallel: bool = False  # experts split whole over the tp devices (EP), not each cut tp ways
+    routing_skew: float = 0.0  # expert popularity ~ 1 / rank^skew (Zipf); 0: uniform routing
     rms_norm: bool = True  # RMSNorm (weight) vs LayerNorm (weight + bias)
     qkv_bias: bool = False
     linear_bias: bool = False  # biases on o_proj and MLP (GPT-2, OPT)
@@ -65,16 +71,25 @@ class ModelSpec:
             p += h
         return p
 
+    @property
+    def expert_intermediate(self) -> int:
+        """A routed expert's MLP width (MoE); the MLP's width otherwise."""
+        return self.moe_intermediate or self.intermediate
+
     def expert_params(self) -> int:
-        """Parameters of one MLP (one expert for MoE models)."""
-        h, i = self.hidden, self.intermediate
+        """Parameters of one MLP (one routed expert for MoE models)."""
+        h, i = self.hidden, self.expert_intermediate
         if self.gated_mlp:
             return 3 * h * i
         return 2 * h * i + (i + h if self.linear_bias else 0)
 
+    def shared_params(self) -> int:
+        """The shared experts' MLP and gate (fine-grained MoE); 0 without."""
+        return 3 * self.hidden * self.shared_intermediate + (self.hidden if self.shared_gate else 0)
+
     def mlp_params(self) -> int:
         if self.num_experts:
-            return self.hidden * self.num_experts + self.num_experts * self.expert_params()
+            return self.hidden * self.num_experts + self.num_experts * self.expert_params() + self.shared_params()
         return self.expert_params()
 
     def layer_params(self) -> int:
@@ -144,12 +159,18 @@ def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -
     h = int(_get(cfg, src, "hidden_size"))
     heads = int(_get(cfg, src, "num_attention_heads"))
     experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    if experts and (cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1):
+        raise InputError("MoE models whose layers are not all MoE (mlp_only_layers, decoder_sparse_step) are "
+                         "not modelled", file=src, field="mlp_only_layers")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
     return ModelSpec(
         name or str(cfg.get("_name_or_path") or mtype), mtype, h, int(_get(cfg, src, "num_hidden_layers")),
         heads, int(cfg.get("num_key_value_heads") or heads), int(cfg.get("head_dim") or h // heads),
         int(_get(cfg, src, "intermediate_size")), int(_get(cfg, src, "vocab_size")),
         num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-        qkv_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+        moe_intermediate=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
+        shared_intermediate=shared if experts else 0, shared_gate=bool(shared) and mtype == "qwen2_moe",
+        qkv_bias=mtype in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_context=_context(cfg, "max_position_embeddings"),
         dtype_bytes=4 if cfg.get("torch_dtype") == "float32" else 2,  # shipped configs: bf16/fp16
@@ -181,9 +202,12 @@ def known_models() -> list[str]:
                   if f.name.endswith(".json"))
 
 
-def model_spec(name_or_path: str) -> ModelSpec:
+def model_spec(name_or_path: "str | ModelSpec") -> ModelSpec:
     """A shipped model by name (e.g. 'llama-3-8b'), or a path to a HF config.json or to a
-    checkpoint folder holding one."""
+    checkpoint folder holding one; a spec already built is returned as it is (a tenant's as served,
+    `TenantConfig.spec`)."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
     spec = _shipped(name_or_path.lower())
     if spec is not None:
         return spec

@@ -29,7 +29,7 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.gmg import BatchShape, build_iteration
-from slicesched.models.spec import model_spec
+from slicesched.models.spec import ModelSpec, model_spec
 from slicesched.replay.deployment import build_cluster
 from slicesched.replay.experiment import RunSpec, RunSummary, run_many, with_seed
 from slicesched.replay.workload import scenario_trace
@@ -364,7 +364,7 @@ def roofline_bound(sc: Scenario, duration_s: float | None = None, seeds: Sequenc
     cluster = build_cluster(sc)
     flops_s = sum(d.peak_flops for d in cluster.device_specs)
     bytes_s = sum(d.mem_bandwidth for d in cluster.device_specs)
-    coef = {t.name: (*_flops_coefficients(t.model), float(model_spec(t.model).kv_bytes_per_token()))
+    coef = {t.name: (*_flops_coefficients(t.spec()), float(t.spec().kv_bytes_per_token()))
             for t in sc.tenants}
     best = RooflineBound(0.0, 0.0)
     for seed in seeds if seeds is not None else (sc.seed,):
@@ -381,7 +381,7 @@ def roofline_bound(sc: Scenario, duration_s: float | None = None, seeds: Sequenc
     return best
 
 
-def _flops_coefficients(model: str) -> tuple[float, float]:
+def _flops_coefficients(model: "str | ModelSpec") -> tuple[float, float]:
     m = model_spec(model)
     f0 = float(build_iteration(m, BatchShape.decode(1, 0), 1).flops.sum())
     f1 = float(build_iteration(m, BatchShape.decode(1, 1024), 1).flops.sum())

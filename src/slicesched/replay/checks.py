@@ -95,7 +95,6 @@ def check_tenants(sc: Scenario) -> None:
     placeable (on their node group), weights and one full-context request within the memory share
     of the smallest device a container holds."""
     from slicesched.gmg.builder import tp_problem
-    from slicesched.models.spec import model_spec
     from slicesched.replay.deployment import NoRoom, build_cluster, default_replicas
 
     cluster = build_cluster(sc)
@@ -108,11 +107,15 @@ def check_tenants(sc: Scenario) -> None:
         devs = [d for name, ds in placed if name == t.name for d in ds]
         dev = min((cluster.device_specs[d] for d in devs), key=lambda s: s.memory_bytes)
         try:
-            m = model_spec(t.model)
+            m = t.spec()
         except InputError as e:
             if e.file:  # a config.json of its own, located inside that file
                 raise
             raise scenario_error(sc, ("tenants", i, "model"), e.message) from None
+        if t.expert_parallel and (not m.num_experts or t.tp < 2 or m.num_experts % t.tp):
+            raise scenario_error(sc, ("tenants", i, "expert_parallel"),
+                                 f"expert parallelism splits an MoE model's experts over tp > 1 devices evenly; "
+                                 f"{m.name} has {m.num_experts} experts and tp = {t.tp}")
         problem = tp_problem(m, t.tp)
         if problem:
             raise scenario_error(sc, ("tenants", i, "tp"), problem)

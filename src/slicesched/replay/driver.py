@@ -29,7 +29,7 @@ from slicesched.cost import CostModel, make_cost_model
 from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, build_iteration
 from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_token, stage_weight_bytes
 from slicesched.hardware.cluster import Container
-from slicesched.models.spec import ModelSpec, model_spec
+from slicesched.models.spec import ModelSpec
 from slicesched.replay.attribution import Attribution
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.replay.events import EventQueue, Kind
@@ -112,7 +112,7 @@ class ReplayDriver:
         self.slas = slas or {}
         self.cost = cost or make_cost_model("roofline")
         self.cluster = build_cluster(sc)
-        self.models: dict[str, ModelSpec] = models or {t.name: model_spec(t.model) for t in sc.tenants}
+        self.models: dict[str, ModelSpec] = models or {t.name: t.spec() for t in sc.tenants}
         self.cfg = {t.name: t for t in sc.tenants}
         self.grain = _GRAINS[sc.replay.grain]
         self._budgets: dict[tuple[str, int], int | None] = {}  # (tenant, tp) -> decode batch budget

@@ -32,7 +32,6 @@ from pathlib import Path
 from slicesched.config.scenario import Scenario
 from slicesched.gmg.builder import tp_problem
 from slicesched.hardware.specs import device_spec
-from slicesched.models.spec import model_spec
 from slicesched.replay.capacity import MAX_VIOLATION, roofline_bound
 from slicesched.replay.checks import fit_problem
 from slicesched.replay.deployment import tenant_demands
@@ -103,10 +102,10 @@ def node_shape(sc: Scenario, device: str) -> tuple[int, str]:
 def smallest_tp(sc: Scenario, tenant: int, device: str) -> int | None:
     """The tenant's smallest power-of-two tp (up to a node's devices) that shards and fits `device`."""
     t, dev = sc.tenants[tenant], device_spec(device)
-    m = model_spec(t.model)
+    m = t.spec()
     tp = 1
     while tp <= node_shape(sc, device)[0]:
-        if not tp_problem(m, tp) and not fit_problem(t.name, m, tp, t.pp, dev, sc.replay.gpu_memory_utilization):
+        if not tp_problem(m, tp) and not (m.expert_parallel and m.num_experts % tp) and not fit_problem(t.name, m, tp, t.pp, dev, sc.replay.gpu_memory_utilization):
             return tp
         tp *= 2
     return None
@@ -128,7 +127,7 @@ def _work_shares(sc: Scenario, settings: PlanSettings, growth: float) -> list[fl
     window = settings.duration_s or sc.replay.duration_s
     demand = tenant_demands(scenario_trace(sc, growth, window), [t.name for t in sc.tenants])
     work = [demand[t.name].rate_rps * (demand[t.name].mean_prompt + demand[t.name].mean_output)
-            * model_spec(t.model).num_params() for t in sc.tenants]
+            * t.spec().num_params() for t in sc.tenants]
     total = sum(work)
     return [w / total for w in work] if total else [1 / len(work)] * len(work)
 

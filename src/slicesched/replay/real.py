@@ -210,9 +210,11 @@ def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, in
                          "does not run yet")
     for tenant, k, _ in replicas:
         cfg = setup.configs[tenant]
-        if k > 1 and (cfg["num_attention_heads"] % k or cfg["intermediate_size"] % k):
+        moe = ("moe_intermediate_size", "shared_expert_intermediate_size") if cfg.get("num_experts") else ()
+        widths = [int(cfg[w]) for w in moe or ("intermediate_size",) if cfg.get(w)]
+        if k > 1 and (cfg["num_attention_heads"] % k or any(w % k for w in widths)):
             raise InputError(f"under {scheduler}, {tenant} would run tensor-parallel over {k} devices, and its "
-                             f"{cfg['num_attention_heads']} heads (intermediate size {cfg['intermediate_size']}) "
+                             f"{cfg['num_attention_heads']} heads (MLP widths {', '.join(map(str, widths))}) "
                              "do not split evenly over them")
 
 

@@ -18,7 +18,7 @@ from slicesched.config.scenario import Scenario, TenantConfig
 from slicesched.cost import CostModel
 from slicesched.gmg import BatchShape, build_iteration
 from slicesched.hardware import DeviceSpec, LinkSpec
-from slicesched.models.spec import ModelSpec, model_spec
+from slicesched.models.spec import ModelSpec
 from slicesched.hardware.cluster import Cluster
 from slicesched.replay.deployment import Replica, build_cluster, default_replicas
 from slicesched.serving import SLA
@@ -75,7 +75,7 @@ class ContainerLatency:
 def tenant_latency(sc: Scenario, t: TenantConfig, cost: CostModel) -> ContainerLatency:
     cluster = build_cluster(sc)
     link = cluster.link(0, 1) if t.tp > 1 else cluster.link(0, 0)
-    return ContainerLatency(model_spec(t.model), t.tp, t.max_batch_tokens if t.chunked_prefill else None,
+    return ContainerLatency(t.spec(), t.tp, t.max_batch_tokens if t.chunked_prefill else None,
                             cost, cluster.device_specs[0], link, t.pp, _stage_links(sc, t, cluster))
 
 

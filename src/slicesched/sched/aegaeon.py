@@ -179,7 +179,7 @@ class AegaeonScheduler(Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "AegaeonScheduler":
         c = scenario.cluster
-        return cls(scenario.schedulers.aegaeon, {t.name: t.model for t in scenario.tenants}, c.memory_per_device(),
+        return cls(scenario.schedulers.aegaeon, {t.name: t.spec() for t in scenario.tenants}, c.memory_per_device(),
                    scenario.replay.gpu_memory_utilization, c.build())
 
     def attach(self, view: SLAView) -> None:  # type: ignore[override]

@@ -168,7 +168,7 @@ class TemporalMuxScheduler(Scheduler):
         c = scenario.cluster
         mixed = {"capacity_bytes": c.memory_bytes(), "cluster": c.build()} if c.node_groups else {
             "capacity_bytes": device_spec(c.device).memory_bytes}
-        return cls({t.name: t.model for t in scenario.tenants}, utilization=scenario.replay.gpu_memory_utilization,
+        return cls({t.name: t.spec() for t in scenario.tenants}, utilization=scenario.replay.gpu_memory_utilization,
                    device=c.device, devices_per_node=c.devices_per_node, intra_link=c.intra_link,
                    inter_link=c.inter_link, tpot_slo={t.name: (t.tpot_slo_s, t.sla_scale) for t in scenario.tenants},
                    **mixed)
@@ -317,7 +317,7 @@ class ReallocScheduler(Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "ReallocScheduler":
         c = scenario.cluster
-        return cls(scenario.schedulers.realloc, {t.name: t.model for t in scenario.tenants}, c.memory_per_device(),
+        return cls(scenario.schedulers.realloc, {t.name: t.spec() for t in scenario.tenants}, c.memory_per_device(),
                    scenario.replay.gpu_memory_utilization, {t.name: t.priority for t in scenario.tenants})
 
     def attach(self, view: ServingView) -> None:

@@ -151,7 +151,7 @@ class SliceScheduler(LendingMixin, Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
         cap = scenario.cluster.memory_per_device() * scenario.replay.gpu_memory_utilization
-        return cls({t.name: t.model for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
+        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
 
     def run_report(self) -> dict[str, float]:
         return self.report.as_dict()
