@@ -35,6 +35,8 @@ SCENARIOS = {
     "azure_code_conv": ROOT / "scenarios/azure_code_conv.toml",
     "mooncake_conversation": ROOT / "scenarios/mooncake_conversation.toml",
     "servegen_m_large": ROOT / "scenarios/servegen_m_large.toml",
+    "moe_mixed": ROOT / "scenarios/moe_mixed.toml",
+    "mooncake_conversation_128k": ROOT / "scenarios/mooncake_conversation_128k.toml",
 }
 SCHEDULERS = ("dedicated", "dedicated+slo", "temporal-mux", "temporal-mux+slo", "realloc", "realloc+slo", "aegaeon",
               "aegaeon+slo", "slicesched")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -53,6 +54,15 @@ def main() -> None:
     pre = BatchShape.prefill(2048)
     print(f"gmg_decode_build_us: {median_us(lambda: build_iteration(llama, dec, grain=Grain.BLOCK)):.1f} us")
     print(f"gmg_prefill_build_us: {median_us(lambda: build_iteration(llama, pre, grain=Grain.BLOCK)):.1f} us")
+    # MoE graphs price their routing model at every build: Mixtral-8x22B at its 64k context (a
+    # 64-sequence decode over 65,000 tokens each, and a 64k prefill), expert-parallel over 8
+    # devices with skewed routing; the fine-grained Qwen1.5-MoE (60 experts) likewise over 2
+    mixtral = dataclasses.replace(model_spec("mixtral-8x22b"), expert_parallel=True, routing_skew=0.5)
+    fine = dataclasses.replace(model_spec("qwen1.5-moe-a2.7b"), expert_parallel=True, routing_skew=0.5)
+    for name, m, tp, shape in (("moe_64k_decode", mixtral, 8, BatchShape.decode(64, 65000)),
+                               ("moe_64k_prefill", mixtral, 8, BatchShape.prefill(65536)),
+                               ("fine_moe_decode", fine, 2, BatchShape.decode(64, 8000))):
+        print(f"gmg_{name}_build_us: {median_us(lambda: build_iteration(m, shape, tp=tp, grain=Grain.BLOCK)):.1f} us")
     cluster = Cluster.homogeneous("H100-80GB", 1, 8)
     gmg = GlobalMappingGraph(cluster, {"a": llama}, {"a": Container("a", (0,))})
     graph = build_iteration(llama, dec, grain=Grain.BLOCK, tenant="a")
