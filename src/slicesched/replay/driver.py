@@ -38,11 +38,12 @@ from slicesched.replay.loans import Loans
 from slicesched.replay.moves import Moves
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
+from slicesched.replay.workload import prompt_ids
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs, WeightEviction
 from slicesched.sched.interface import Backend, Scheduler, WhatIf
 from slicesched.sched.policies import BatchSetting, CacheAffinity, queued_prefill_s
-from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PrefixCachingKV, Request,
-                                RequestState, TenantEngine, blocks_for, count_violations, key_prefixes)
+from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PagedPrefixCachingKV, PrefixCachingKV,
+                                Request, RequestState, TenantEngine, blocks_for, count_violations, key_prefixes)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.sim.lane import IterationLane, LaneUnsafe
 from slicesched.sim.trace import TRACE_WINDOW_US, trim_trace
@@ -193,8 +194,11 @@ class ReplayDriver:
 
     def kv_pool(self, num_blocks: int) -> KVBlockManager:
         """A replica's KV block manager: with block ids where the backend holds real KV."""
-        pool = (PagedKVBlockManager if self.backend.computes_tokens
-                else PrefixCachingKV if self.sc.replay.prefix_caching else KVBlockManager)
+        caching = self.sc.replay.prefix_caching
+        if self.backend.computes_tokens:
+            pool = PagedPrefixCachingKV if caching else PagedKVBlockManager
+        else:
+            pool = PrefixCachingKV if caching else KVBlockManager
         return pool(num_blocks, BLOCK_TOKENS)
 
     def apply_serving_rules(self, engine: TenantEngine, r: Replica) -> None:
@@ -427,15 +431,13 @@ class ReplayDriver:
 
     def _inputs(self, rs: ReplicaState, batch: Batch) -> StepInputs:
         """Token ids and KV blocks of a batch, for a backend that runs the model. A request's
-        prompt ids are drawn once, from the scenario's seed and its id (random-weight models:
-        any ids are a valid prompt)."""
+        prompt ids are drawn once (`workload.prompt_ids`: random-weight models take any ids)."""
         eng, vocab = rs.engine, self.models[rs.replica.tenant].vocab
         feeds, tables = [], []
         for rid, ctx, n in zip(batch.req_ids, batch.context_lens_before, batch.num_new_tokens):
             req = eng.request(rid)
             if req.prompt_ids is None:
-                rng = np.random.default_rng((self.sc.seed, req.id))
-                req.prompt_ids = tuple(int(x) for x in rng.integers(0, vocab, req.prompt_tokens))
+                req.prompt_ids = prompt_ids(self.sc.seed, req, vocab, BLOCK_TOKENS)
                 req.output_ids = []
             seq = req.prompt_ids[:req.prompt_tokens] + tuple(req.output_ids)
             feeds.append(seq[ctx:ctx + n])

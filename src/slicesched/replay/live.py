@@ -26,9 +26,9 @@ import numpy as np
 
 from slicesched.config.scenario import Scenario
 from slicesched.replay.driver import ReplayDriver
-from slicesched.replay.replicas import ReplicaState
+from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
 from slicesched.sched.interface import Scheduler
-from slicesched.serving import Request, RequestState
+from slicesched.serving import Request, RequestState, token_keys
 from slicesched.traces import Trace
 
 POLL_S = 0.002  # longest wait for the backend while a submission may be queued (adds to TTFT at most this)
@@ -144,6 +144,8 @@ class LiveDriver(ReplayDriver):
     def _arrive(self, rid: int, sub: Submission, sink: Sink, now: float, dirty: dict[ReplicaState, None]) -> None:
         req = Request(rid, sub.tenant, now, len(sub.prompt), sub.max_tokens)
         req.prompt_ids, req.output_ids = tuple(sub.prompt), []
+        if self.sc.replay.prefix_caching:  # its full blocks keyed by their tokens, as vLLM keys them
+            req.prefix_keys = token_keys(sub.prompt, BLOCK_TOKENS)
         self._open[rid] = _Live(req, sink, sub.stop_ids)
         if len(sub.prompt) + sub.max_tokens > self.context_limit(sub.tenant):
             self._reject(req)  # the endpoint checks this first; a replica may have gone since

@@ -184,9 +184,6 @@ def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: C
         made.append(ExecutorBackend(executor, gmg, factories, cost=priced))
         return made[-1]
 
-    if sc.replay.prefix_caching:  # the executor's pools have no shared blocks yet: refused, not ignored
-        raise InputError("prefix caching is not run on the executor yet; set [replay] prefix_caching = false",
-                         field="replay.prefix_caching")
     _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
     kind = LiveDriver if live else ReplayDriver
     driver = kind(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),

@@ -8,6 +8,7 @@ from slicesched.config.scenario import (DiurnalCurve, FlashCurve, Scenario, Serv
                                         TraceStream)
 from slicesched.errors import InputError
 from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen_trace, synthetic_trace
+from slicesched.serving import Request
 from slicesched.serving.prefix import MOONCAKE_HASH_BLOCK_TOKENS
 from slicesched.traces.curves import Diurnal, FlashCrowd, Ramp, RateCurve, Steps
 
@@ -124,3 +125,13 @@ def _servegen(sc: Scenario, s: ServeGenStream, span: float, seed: tuple[int, int
     df = t.to_frame()
     df["tenant"] = df["tenant"].map(mapping)
     return Trace.from_frame(t.name, df)
+
+
+def prompt_ids(seed: int, req: Request, vocab: int, block_tokens: int) -> tuple[int, ...]:
+    """A replayed request's prompt token ids, for a backend that runs the model: each block its
+    prefix keys name drawn from the key (so requests whose keys agree agree in their tokens, and
+    a cached block holds the KV of the very tokens it names), the rest from the scenario's seed
+    and the request's id."""
+    block_ids = [np.random.default_rng((seed, k % 2**63)).integers(0, vocab, block_tokens) for k in req.prefix_keys]
+    rest = np.random.default_rng((seed, req.id)).integers(0, vocab, req.prompt_tokens - len(block_ids) * block_tokens)
+    return tuple(int(x) for x in np.concatenate([*block_ids, rest]))

@@ -20,12 +20,12 @@ from slicesched.serving.metrics import (
     request_frame,
     summarize,
 )
-from slicesched.serving.prefix import PrefixCachingKV, key_prefixes, prefix_keys
+from slicesched.serving.prefix import PagedPrefixCachingKV, PrefixCachingKV, key_prefixes, prefix_keys, token_keys
 from slicesched.serving.request import Request, RequestState
 from slicesched.serving.sla import DEFAULT_SLA_SCALE, SLA, IsolatedLatency
 
 __all__ = [
-    "Batch", "TenantEngine", "KVBlockManager", "PagedKVBlockManager", "PrefixCachingKV", "key_prefixes",
+    "Batch", "TenantEngine", "KVBlockManager", "PagedKVBlockManager", "PrefixCachingKV", "PagedPrefixCachingKV", "key_prefixes", "token_keys",
     "prefix_keys", "blocks_for", "DeviceHarvest", "HarvestSummary",
     "harvest_share", "IdleHistogram", "ServingSummary",
     "TenantSummary", "busy_fraction", "count_violations", "idle_interval_histogram",

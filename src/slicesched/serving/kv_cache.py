@@ -115,18 +115,40 @@ class KVBlockManager:
                 f"used={self._used}, requests={len(self._held)})")
 
 
+class BlockIds:
+    """The ids of a pool's blocks that no request holds: free ones (the lowest handed out
+    first) and lent ones (to another replica's pool, back on reclaim)."""
+
+    __slots__ = ("free", "lent")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.free = list(range(num_blocks - 1, -1, -1))
+        self.lent: list[int] = []
+
+    def take(self, n: int) -> list[int]:
+        return [self.free.pop() for _ in range(n)]
+
+    def give(self, ids: list[int]) -> None:
+        self.free.extend(reversed(ids))
+
+    def lend(self, n: int) -> None:
+        self.lent += self.take(n)
+
+    def reclaim(self, n: int) -> None:
+        self.free += [self.lent.pop() for _ in range(n)]
+
+
 class PagedKVBlockManager(KVBlockManager):
     """A `KVBlockManager` that also names the blocks: each request holds a table of block ids
     into the pool, as vLLM's block manager gives its model runner. Real serving needs them (the
     KV lives in real tensors indexed by these ids); the simulator needs counts alone."""
 
-    __slots__ = ("_free_ids", "_tables", "_lent_ids")
+    __slots__ = ("_ids", "_tables")
 
     def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
         super().__init__(num_blocks, block_tokens)
-        self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out the lowest id first
+        self._ids = BlockIds(num_blocks)
         self._tables: dict[Hashable, list[int]] = {}
-        self._lent_ids: list[int] = []
 
     def block_table(self, req_id: Hashable) -> tuple[int, ...]:
         return tuple(self._tables.get(req_id, ()))
@@ -134,28 +156,25 @@ class PagedKVBlockManager(KVBlockManager):
     @property
     def num_ids(self) -> int:
         """Block ids in use anywhere: the pool's blocks, lent ones included (ids stay below it)."""
-        return self.num_blocks + len(self._lent_ids)
+        return self.num_blocks + len(self._ids.lent)
 
     def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
         have = self._held.get(req_id, 0)
         if not super().allocate(req_id, n_tokens):
             return False
-        extra = self._held.get(req_id, 0) - have
-        if extra:
-            table = self._tables.setdefault(req_id, [])
-            table.extend(self._free_ids.pop() for _ in range(extra))
+        self._tables.setdefault(req_id, []).extend(self._ids.take(self._held.get(req_id, 0) - have))
         return True
 
     def free(self, req_id: Hashable) -> int:
-        self._free_ids.extend(reversed(self._tables.pop(req_id, [])))
+        self._ids.give(self._tables.pop(req_id, []))
         return super().free(req_id)
 
     def lend(self, n: int) -> bool:
         if not super().lend(n):
             return False
-        self._lent_ids += [self._free_ids.pop() for _ in range(n)]
+        self._ids.lend(n)
         return True
 
     def reclaim(self, n: int) -> None:
         super().reclaim(n)
-        self._free_ids += [self._lent_ids.pop() for _ in range(n)]
+        self._ids.reclaim(n)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from slicesched.serving.kv_cache import KVBlockManager
+from slicesched.serving.kv_cache import BlockIds, KVBlockManager
 
 #: Tokens per prefix hash in Mooncake's traces (the only published traces with prefix hashes).
 MOONCAKE_HASH_BLOCK_TOKENS = 512
@@ -167,3 +167,70 @@ class PrefixCachingKV(KVBlockManager):
             del self._refs[k]
             self._used -= 1
             self.evictions += 1
+            self._evicted(k)
+
+    def _evicted(self, key: int) -> None:
+        """A cached block left the cache (a subclass naming blocks frees its id)."""
+
+
+class PagedPrefixCachingKV(PrefixCachingKV):
+    """`PrefixCachingKV` naming its blocks, for a backend whose KV lives in real tensors: a
+    request's block table is its cached prefix blocks (shared, by key) then its private ones; a
+    private block that fills and becomes cached keeps its id (and its KV) under its key."""
+
+    __slots__ = ("_ids", "_private", "_key_block")
+
+    def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
+        super().__init__(num_blocks, block_tokens)
+        self._ids = BlockIds(num_blocks)
+        self._private: dict[Hashable, list[int]] = {}
+        self._key_block: dict[int, int] = {}
+
+    def block_table(self, req_id: Hashable) -> tuple[int, ...]:
+        shared = [self._key_block[k] for k in self._shared.get(req_id, ())]
+        return tuple(shared + self._private.get(req_id, []))
+
+    @property
+    def num_ids(self) -> int:
+        return self.num_blocks + len(self._ids.lent)
+
+    def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
+        have = self._held.get(req_id, 0)
+        if not super().allocate(req_id, n_tokens):  # evicts first where it must (`_evicted`)
+            return False
+        self._private.setdefault(req_id, []).extend(self._ids.take(self._held.get(req_id, 0) - have))
+        return True
+
+    def free(self, req_id: Hashable) -> int:
+        self._ids.give(self._private.pop(req_id, []))
+        return super().free(req_id)
+
+    def commit_prefix(self, req_id: Hashable, keys: Sequence[int], computed_tokens: int) -> None:
+        before = len(self._shared.get(req_id, ()))
+        super().commit_prefix(req_id, keys, computed_tokens)
+        private = self._private.get(req_id, [])
+        for k in self._shared.get(req_id, [])[before:]:  # its first private blocks, now cached: same ids, same KV
+            self._key_block[k] = private.pop(0)
+
+    def _evicted(self, key: int) -> None:
+        self._ids.give([self._key_block.pop(key)])
+
+    def lend(self, n: int) -> bool:
+        if not super().lend(n):
+            return False
+        self._ids.lend(n)
+        return True
+
+    def reclaim(self, n: int) -> None:
+        super().reclaim(n)
+        self._ids.reclaim(n)
+
+
+def token_keys(ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
+    """One key per full block of a prompt's token ids, chaining the blocks before it (what a
+    live request's cache keys are: equal keys mean equal tokens up to that block's end)."""
+    keys, prev = [], 0
+    for j in range(len(ids) // block_tokens):
+        prev = hash((prev, tuple(ids[j * block_tokens:(j + 1) * block_tokens])))
+        keys.append(prev)
+    return tuple(keys)
