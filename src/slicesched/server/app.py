@@ -14,6 +14,7 @@ import asyncio
 import json
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -183,7 +184,7 @@ class _Head:
     def __init__(self, kind: str, model: str, prompt_ids: list[int], token_ids: bool) -> None:
         self.kind, self.model, self.prompt_ids, self.token_ids = kind, model, prompt_ids, token_ids
         self.chat = kind == "chat.completion"
-        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{time.time_ns():x}"
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
     def base(self, suffix: str = "") -> dict:
