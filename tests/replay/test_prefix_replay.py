@@ -114,3 +114,35 @@ def test_a_synthetic_streams_system_prompt_is_found_cached_after_the_first_reque
     hits = [r.cached_tokens for r in reqs if r.first_scheduled_s is not None]
     assert hits[0] == 0 and len(hits) > 40
     assert sum(h == 2048 for h in hits) > 0.8 * len(hits)  # the 4 whole blocks of the system prompt
+
+
+def test_a_conversations_later_turns_find_the_earlier_turns_prompt_cached():
+    """Turns 4 s apart on average, each served in well under that: every follow-up finds at
+    least its previous turn's whole 16-token prompt blocks cached (the blocks its history shares)."""
+    sc = scenario("""
+        name = "conv"
+        [cluster]
+        device = "H100-80GB"
+        devices_per_node = 1
+        [[tenants]]
+        name = "chat"
+        model = "llama-3.1-8b"
+        [[streams]]
+        source = "synthetic"
+        tenants = ["chat"]
+        rate = 1.0
+        prompt_mean = 300
+        output_mean = 40
+        turns_mean = 3
+        think_s = 4
+        [replay]
+        duration_s = 30
+        prefix_caching = true
+    """)
+    reqs = replay(sc, make_scheduler("dedicated", sc), scenario_trace(sc), lane=False).requests
+    by_conv: dict[int, list] = {}
+    for r in reqs:
+        by_conv.setdefault(r.prefix_keys[0] if r.prefix_keys else -r.id, []).append(r)
+    pairs = [(a, b) for turns in by_conv.values() for a, b in zip(turns, turns[1:])]
+    assert len(pairs) > 10
+    assert all(b.cached_tokens >= a.prompt_tokens // BT * BT for a, b in pairs)

@@ -313,3 +313,43 @@ def test_a_system_prompt_leads_every_prompt_and_shares_only_its_whole_blocks():
     assert len({h[:2] for h in hashes}) == 1  # two whole 512-token blocks of system prompt, shared
     own = [x for h in hashes for x in h[2:]]
     assert len(own) == len(set(own))  # the rest is each request's own
+
+
+CONVERSATIONS = SYNTH_TWO_STREAMS.format(rate=4.0, cv=1.0).replace(
+    "cv = 1.0", "cv = 1.0\n    system_prompt_tokens = 1100\n    turns_mean = 3\n    think_s = 2", 1)
+
+
+def _by_conversation(t):
+    """Requests of each conversation (grouped by their first own block hash), in arrival order."""
+    groups: dict[int, list[int]] = {}
+    for i, h in enumerate(t.prefix_hashes):
+        if len(h) > 2:  # the other stream's requests have no hashes
+            groups.setdefault(h[2], []).append(i)  # h[:2]: the system prompt's two whole blocks
+    return list(groups.values())
+
+
+def test_each_turn_of_a_conversation_starts_with_everything_before_it():
+    t = scenario_trace(scenario(CONVERSATIONS))
+    follow = [c for c in _by_conversation(t) if len(c) > 1]
+    assert len(follow) > 10
+    for c in follow:
+        first = int(t.prompt_tokens[c[0]]) - 1100  # the first message; every message is as long
+        for a, b in zip(c, c[1:]):
+            assert t.arrival_s[b] > t.arrival_s[a] and t.tenant[b] == t.tenant[a]
+            assert t.prompt_tokens[b] == t.prompt_tokens[a] + t.output_tokens[a] + first
+            ha, hb = tuple(t.prefix_hashes[a]), tuple(t.prefix_hashes[b])
+            assert hb[:len(ha)] == ha  # the earlier turn's blocks lead the later one's
+
+
+def test_conversations_have_the_mean_number_of_turns_asked():
+    from slicesched.replay.workload import _conversations
+    from slicesched.traces import Trace
+
+    n = 4000
+    t = Trace.from_columns("t", np.zeros(n), np.full(n, 100), np.full(n, 10), ["a"] * n)
+    out = _conversations(t, 0, 2.5, 1e-6, 1.0, 0, (0, 0))
+    assert len(out) / n == pytest.approx(2.5, rel=0.05)
+
+
+def test_conversation_rate_scales_are_prefix_nested():
+    assert_prefix(scenario(CONVERSATIONS), 1.0, 2.5)

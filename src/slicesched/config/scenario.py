@@ -234,6 +234,12 @@ class SyntheticStream(_Strict):
     system_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="a system prompt this long, "
                                       "the same for every request of the stream, precedes each drawn prompt "
                                       "(a reuse model for prefix caching: its whole 512-token blocks are shared)")
+    turns_mean: float = Field(1.0, ge=1, le=100, description="mean turns per conversation (geometric; a "
+                              "reuse model for prefix caching): a follow-up's prompt is the conversation so far "
+                              "(every earlier prompt and output) and a new message as long as the first; `rate` "
+                              "then counts conversations, each turn going to the first turn's tenant")
+    think_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="mean seconds between the arrivals of a "
+                           "conversation's turns (exponential)")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="the clients' max_tokens: "
                                    "longer outputs are cut to it, as an API caps generation")
     curve: tuple[CurvePart, ...] = CURVE_FIELD

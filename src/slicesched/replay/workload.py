@@ -66,6 +66,9 @@ def _stream_requests(sc: Scenario, i: int, s, span: float) -> Trace:
     if isinstance(s, SyntheticStream):
         t = synthetic_trace(span, s.rate, s.cv, prompt_mean=s.prompt_mean, prompt_sigma=s.prompt_sigma,
                             output_mean=s.output_mean, output_sigma=s.output_sigma, seed=seed, name=f"stream{i}")
+        if s.turns_mean > 1:  # conversations keep their first turn's tenant: assigned before they unfold
+            t = _assign(t, s.tenants, s.popularity, s.alpha, seed)
+            return _conversations(t, s.system_prompt_tokens, s.turns_mean, s.think_s, span, i, seed)
         t = _with_system_prompt(t, s.system_prompt_tokens, i) if s.system_prompt_tokens else t
         return _assign(t, s.tenants, s.popularity, s.alpha, seed)
     if isinstance(s, TraceStream):
@@ -94,6 +97,36 @@ def _with_system_prompt(t: Trace, tokens: int, stream: int) -> Trace:
     hashes = [shared + tuple(range(base - 10**9 - int(f), base - 10**9 - int(f) - int(n), -1))
               for f, n in zip(first, own)]
     return Trace.from_columns(t.name, t.arrival_s, prompts, t.output_tokens, t.tenant, hashes)
+
+
+def _conversations(t: Trace, system: int, turns_mean: float, think_s: float, span: float, stream: int,
+                   seed: tuple[int, int]) -> Trace:
+    """Each request of `t` the first turn of a conversation of geometric(1 / turns_mean) turns
+    (those arriving within `span`), `think_s` apart on average (exponential). A conversation is
+    one token stream: the stream's system prompt, then per turn a message as long as the first
+    prompt and the turn's output; turn j's prompt is that stream up to its message, so it starts
+    with everything turn j - 1 saw and said. Prefix hashes name the stream's 512-token blocks:
+    the system prompt's whole blocks are the stream's (as `_with_system_prompt` names them),
+    every later block the conversation's own."""
+    block, base = MOONCAKE_HASH_BLOCK_TOKENS, -(stream + 1) * 10**12
+    shared = [base - b for b in range(system // block)]
+    rows = []
+    for c in range(len(t)):
+        at, msg, out, tenant = float(t.arrival_s[c]), int(t.prompt_tokens[c]), int(t.output_tokens[c]), t.tenant[c]
+        history, hashes = system, list(shared)
+        rng = np.random.default_rng((*seed, 4, c))  # a conversation's own draws: a longer span keeps them
+        for j in range(int(rng.geometric(1 / turns_mean))):
+            at += rng.exponential(think_s) if j else 0.0
+            if at >= span:
+                break
+            prompt = history + msg
+            while len(hashes) * block < prompt:  # conversation c's block b: its own hash, whatever the span
+                hashes.append(base - 10**9 - c * 10**5 - len(hashes))
+            rows.append((at, prompt, out, tenant, tuple(hashes[:-(-prompt // block)])))
+            history = prompt + out
+    cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
+    return Trace.from_columns(t.name, np.array(cols[0], float), np.array(cols[1], np.int64),
+                              np.array(cols[2], np.int64), list(cols[3]), list(cols[4]))
 
 
 def _assign(t: Trace, tenants: tuple[str, ...], popularity: str, alpha: float, seed: tuple[int, int]) -> Trace:
