@@ -91,8 +91,10 @@ def test_a_cached_prefix_shortens_the_simulated_prefill_by_the_cached_share():
     assert 0.2 < second.ttft_s / first.ttft_s < 0.45
 
 
-def test_a_synthetic_streams_system_prompt_is_found_cached_after_the_first_request():
-    sc = scenario("""
+def _chat(stream: str, duration_s: float) -> list:
+    """The requests of a one-device Llama-3.1-8B chat tenant fed by a synthetic stream with
+    `stream`'s settings, replayed with prefix caching."""
+    sc = scenario(f"""
         [cluster]
         device = "H100-80GB"
         devices_per_node = 1
@@ -102,15 +104,16 @@ def test_a_synthetic_streams_system_prompt_is_found_cached_after_the_first_reque
         [[streams]]
         source = "synthetic"
         tenants = ["chat"]
-        rate = 4.0
-        prompt_mean = 200
-        output_mean = 32
-        system_prompt_tokens = 2048
+        {stream}
         [replay]
-        duration_s = 20
+        duration_s = {duration_s}
         prefix_caching = true
     """)
-    reqs = replay(sc, make_scheduler("dedicated", sc), scenario_trace(sc), lane=False).requests
+    return replay(sc, make_scheduler("dedicated", sc), scenario_trace(sc), lane=False).requests
+
+
+def test_a_synthetic_streams_system_prompt_is_found_cached_after_the_first_request():
+    reqs = _chat("rate = 4.0\n        prompt_mean = 200\n        output_mean = 32\n        system_prompt_tokens = 2048", 20)
     hits = [r.cached_tokens for r in reqs if r.first_scheduled_s is not None]
     assert hits[0] == 0 and len(hits) > 40
     assert sum(h == 2048 for h in hits) > 0.8 * len(hits)  # the 4 whole blocks of the system prompt
@@ -119,27 +122,8 @@ def test_a_synthetic_streams_system_prompt_is_found_cached_after_the_first_reque
 def test_a_conversations_later_turns_find_the_earlier_turns_prompt_cached():
     """Turns 4 s apart on average, each served in well under that: every follow-up finds at
     least its previous turn's whole 16-token prompt blocks cached (the blocks its history shares)."""
-    sc = scenario("""
-        name = "conv"
-        [cluster]
-        device = "H100-80GB"
-        devices_per_node = 1
-        [[tenants]]
-        name = "chat"
-        model = "llama-3.1-8b"
-        [[streams]]
-        source = "synthetic"
-        tenants = ["chat"]
-        rate = 1.0
-        prompt_mean = 300
-        output_mean = 40
-        turns_mean = 3
-        think_s = 4
-        [replay]
-        duration_s = 30
-        prefix_caching = true
-    """)
-    reqs = replay(sc, make_scheduler("dedicated", sc), scenario_trace(sc), lane=False).requests
+    reqs = _chat("rate = 1.0\n        prompt_mean = 300\n        output_mean = 40\n        turns_mean = 3\n"
+                 "        think_s = 4", 30)
     by_conv: dict[int, list] = {}
     for r in reqs:
         by_conv.setdefault(r.prefix_keys[0] if r.prefix_keys else -r.id, []).append(r)
