@@ -147,3 +147,22 @@ def test_real_dataset_lengths_follow_client_pmf(servegen_root: Path, r1_trace: T
     mean = sum(v * float(p) for v, p in pmf.items())
     out = r1_trace.output_tokens[r1_trace.tenant == "deepseek-r1/62"]
     assert out.mean() == pytest.approx(mean, rel=0.1)
+
+
+def test_a_reason_ratio_pmf_splits_each_output_into_reasoning_and_answer(tmp_path: Path) -> None:
+    d = tmp_path / "data" / "reason" / "r-tiny"
+    d.mkdir(parents=True)
+    (d / "chunk-1-trace.csv").write_text("0,5.0,1.0,Gamma,1.0,0.2\n")
+    pmf = {"0": {"input_tokens": "{50: 1.0}", "output_tokens": "{100: 0.5, 400: 0.5}",
+                 "reason_ratio": "{0.25: 0.5, 0.75: 0.5}"}}
+    (d / "chunk-1-dataset.json").write_text(json.dumps(pmf))
+    t = servegen_trace(tmp_path / "data", "reason", "r-tiny", duration_s=600)
+    ratio = t.reason_tokens / t.output_tokens
+    assert len(t) > 1000 and set(np.round(ratio, 2)) == {0.25, 0.75}
+    assert abs((ratio == 0.25).mean() - 0.5) < 0.05  # drawn from the PMF
+    assert servegen_trace(tmp_path / "data", "reason", "r-tiny", duration_s=300).reason_tokens.tolist() == \
+        t.reason_tokens[:len(servegen_trace(tmp_path / "data", "reason", "r-tiny", duration_s=300))].tolist()
+
+
+def test_a_language_model_trace_has_no_reasoning_split(tiny_root: Path) -> None:
+    assert servegen_trace(tiny_root, "language", "m-tiny", duration_s=600).reason_tokens is None

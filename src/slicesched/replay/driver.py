@@ -38,12 +38,12 @@ from slicesched.replay.loans import Loans
 from slicesched.replay.moves import Moves
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
-from slicesched.replay.workload import prompt_ids
+from slicesched.replay.workload import annotate, prompt_ids
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs, WeightEviction
 from slicesched.sched.interface import Backend, Scheduler, WhatIf
 from slicesched.sched.policies import BatchSetting, CacheAffinity, queued_prefill_s
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PagedPrefixCachingKV, PrefixCachingKV,
-                                Request, RequestState, TenantEngine, blocks_for, count_violations, key_prefixes)
+                                Request, RequestState, TenantEngine, blocks_for, count_violations)
 from slicesched.sim import Perturbation, Simulator
 from slicesched.sim.lane import IterationLane, LaneUnsafe
 from slicesched.sim.trace import TRACE_WINDOW_US, trim_trace
@@ -144,8 +144,7 @@ class ReplayDriver:
                             for i, (r, pool) in enumerate(zip(replicas, pools))])
         self.requests = [Request(i, str(t), float(a), int(p), int(o)) for i, (a, p, o, t) in enumerate(
             zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.tenant))] if arrivals else []
-        if sc.replay.prefix_caching and trace.prefix_hashes is not None:
-            key_prefixes(self.requests, trace.prefix_hashes, BLOCK_TOKENS)
+        annotate(self.requests, trace, sc.replay.prefix_caching)  # prefix keys, reasoning tokens
         # where engines cache prefixes, arrivals go where their prefix is cached when that pays
         self.routing = CacheAffinity(scheduler.routing) if sc.replay.prefix_caching else scheduler.routing
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}

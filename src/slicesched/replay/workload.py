@@ -8,7 +8,8 @@ from slicesched.config.scenario import (DiurnalCurve, FlashCurve, Scenario, Serv
                                         TraceStream)
 from slicesched.errors import InputError
 from slicesched.traces import Trace, list_servegen_clients, load_trace, servegen_trace, synthetic_trace
-from slicesched.serving import Request
+from slicesched.replay.replicas import BLOCK_TOKENS
+from slicesched.serving import Request, key_prefixes
 from slicesched.serving.prefix import MOONCAKE_HASH_BLOCK_TOKENS
 from slicesched.traces.curves import Diurnal, FlashCrowd, Ramp, RateCurve, Steps
 
@@ -168,3 +169,13 @@ def prompt_ids(seed: int, req: Request, vocab: int, block_tokens: int) -> tuple[
     block_ids = [np.random.default_rng((seed, k % 2**63)).integers(0, vocab, block_tokens) for k in req.prefix_keys]
     rest = np.random.default_rng((seed, req.id)).integers(0, vocab, req.prompt_tokens - len(block_ids) * block_tokens)
     return tuple(int(x) for x in np.concatenate([*block_ids, rest]))
+
+
+def annotate(requests: list[Request], trace: Trace, prefix_caching: bool) -> None:
+    """What a replay's requests take from their trace rows beyond lengths: prefix-cache keys
+    (with prefix caching on, from the prefix hashes) and reasoning tokens."""
+    if prefix_caching and trace.prefix_hashes is not None:
+        key_prefixes(requests, trace.prefix_hashes, BLOCK_TOKENS)
+    if trace.reason_tokens is not None:
+        for r, n in zip(requests, trace.reason_tokens.tolist()):
+            r.reason_tokens = n

@@ -35,11 +35,12 @@ def _columns(requests: Iterable[Request]) -> dict[str, np.ndarray]:
     """One pass over the requests into numpy columns (NaN for times not reached)."""
     rows = [(r.id, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens, r.num_generated,
              str(r.state), _f(r.first_token_s), _f(r.last_token_s), _f(r.finish_s),
-             r.num_preemptions, r.truncated, r.cached_tokens) for r in requests]
+             r.num_preemptions, r.truncated, r.cached_tokens, r.reason_tokens, _f(r.answer_s)) for r in requests]
     names = ("id", "tenant", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
-             "state", "first_token_s", "last_token_s", "finish_s", "preemptions", "truncated", "cached_tokens")
+             "state", "first_token_s", "last_token_s", "finish_s", "preemptions", "truncated", "cached_tokens",
+             "reason_tokens", "answer_s")
     dtypes = (np.int64, object, float, np.int64, np.int64, np.int64, object, float, float, float,
-              np.int64, bool, np.int64)
+              np.int64, bool, np.int64, np.int64, float)
     cols = list(zip(*rows)) if rows else [()] * len(names)
     out = {n: np.asarray(c, dtype=d) for n, c, d in zip(names, cols, dtypes)}
     gen = out["generated_tokens"]
@@ -47,6 +48,7 @@ def _columns(requests: Iterable[Request]) -> dict[str, np.ndarray]:
         out["ttft_s"] = out["first_token_s"] - out["arrival_s"]
         out["tpot_s"] = np.where(gen >= 2, (out["last_token_s"] - out["first_token_s"]) / (gen - 1), np.nan)
     out["e2e_s"] = out["finish_s"] - out["arrival_s"]
+    out["answer_ttft_s"] = out["answer_s"] - out["arrival_s"]  # the first token after the reasoning
     out["completed"] = out["state"] == str(RequestState.FINISHED)
     return out
 
@@ -134,6 +136,8 @@ class TenantSummary:
     drain_token_share: float = 0.0
     drain_tail_s: float = 0.0
     prefix_hit_rate: float = 0.0  # prompt tokens found in the prefix cache / prompt tokens (0 without caching)
+    # median time to the answer's first token (after the reasoning tokens); NaN without reasoning
+    answer_ttft_p50: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +187,14 @@ def _summarize_mask(name: str, cols: dict[str, np.ndarray], mask: np.ndarray, de
         *_percentiles(cols["ttft_s"][done]), *_percentiles(cols["tpot_s"][done]),
         *_percentiles(cols["e2e_s"][done]), judged, violations, violations / judged if judged else math.nan,
         int(cols["preemptions"][mask].sum()), *_after_window(cols, arrived, window_s),
-        _hit_rate(cols, mask))
+        _hit_rate(cols, mask), _answer_p50(cols, done))
+
+
+def _answer_p50(cols: dict[str, np.ndarray], done: np.ndarray) -> float:
+    """Median answer TTFT of the finished requests that reasoned (NaN if none did)."""
+    x = cols["answer_ttft_s"][done & (cols["reason_tokens"] > 0)]
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if x.size else math.nan
 
 
 def _hit_rate(cols: dict[str, np.ndarray], mask: np.ndarray) -> float:

@@ -64,6 +64,10 @@ class Request:
     # prompt tokens found cached at its admissions (their prefill was not computed again)
     prefix_keys: tuple[int, ...] = ()
     cached_tokens: int = 0
+    # reasoning models: the leading output tokens that are reasoning, and when the first token
+    # after them (the answer's first) was emitted
+    reason_tokens: int = 0
+    answer_s: float | None = None
 
     def preempt(self) -> None:
         """Drop its progress (its KV cache is lost): preempted by recomputation, its prefill
@@ -96,6 +100,8 @@ class Request:
         """Record one output token produced at ``now`` (called by the engine only)."""
         if self.num_generated == 0:
             self.first_token_s = now
+        if self.num_generated == self.reason_tokens:
+            self.answer_s = now
         self.last_token_s = now
         self.num_generated += 1
 

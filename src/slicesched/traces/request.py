@@ -64,10 +64,13 @@ class Trace:
     output_tokens: np.ndarray
     tenant: np.ndarray | None = None
     prefix_hashes: np.ndarray | None = None
+    # reasoning models: the leading output tokens that are reasoning (ServeGen's reason_ratio x
+    # output), before the answer; None when the source has no reasoning split
+    reason_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
-        for col in (self.prompt_tokens, self.output_tokens, self.tenant, self.prefix_hashes):
+        for col in (self.prompt_tokens, self.output_tokens, self.tenant, self.prefix_hashes, self.reason_tokens):
             if col is not None and len(col) != n:
                 raise ValueError(f"trace {self.name!r}: columns differ in length")
         if n and not (np.all(np.isfinite(self.arrival_s)) and self.arrival_s[0] >= 0):
@@ -81,17 +84,18 @@ class Trace:
 
     @classmethod
     def from_columns(cls, name: str, arrival_s: Any, prompt_tokens: Any, output_tokens: Any,
-                     tenant: Any = None, prefix_hashes: Any = None) -> Trace:
+                     tenant: Any = None, prefix_hashes: Any = None, reason_tokens: Any = None) -> Trace:
         """Build a trace from array-likes, stably sorted by arrival (ties keep input order)."""
         arr = np.asarray(arrival_s, dtype=np.float64)
         order = np.argsort(arr, kind="stable")
         ten = None if tenant is None else _object_array(tenant)[order]
         pre = None if prefix_hashes is None else _object_array(prefix_hashes)[order]
+        rea = None if reason_tokens is None else _readonly(np.asarray(reason_tokens, dtype=np.int64)[order])
         return cls(name, _readonly(arr[order]),
                    _readonly(np.asarray(prompt_tokens, dtype=np.int64)[order]),
                    _readonly(np.asarray(output_tokens, dtype=np.int64)[order]),
                    None if ten is None else _readonly(ten),
-                   None if pre is None else _readonly(pre))
+                   None if pre is None else _readonly(pre), rea)
 
     @classmethod
     def from_frame(cls, name: str, df: pd.DataFrame) -> Trace:
@@ -101,7 +105,8 @@ class Trace:
             name, df["arrival_s"].to_numpy(), df["prompt_tokens"].to_numpy(),
             df["output_tokens"].to_numpy(),
             df["tenant"].to_numpy(dtype=object) if "tenant" in df else None,
-            df["prefix_hashes"].to_numpy(dtype=object) if "prefix_hashes" in df else None)
+            df["prefix_hashes"].to_numpy(dtype=object) if "prefix_hashes" in df else None,
+            df["reason_tokens"].to_numpy() if "reason_tokens" in df else None)
 
     def _take(self, idx: np.ndarray | slice, *, arrival_s: np.ndarray | None = None,
               name: str | None = None) -> Trace:
@@ -112,7 +117,8 @@ class Trace:
                      _readonly(np.array(self.output_tokens[idx])),
                      None if self.tenant is None else _readonly(np.array(self.tenant[idx])),
                      None if self.prefix_hashes is None
-                     else _readonly(np.array(self.prefix_hashes[idx])))
+                     else _readonly(np.array(self.prefix_hashes[idx])),
+                     None if self.reason_tokens is None else _readonly(np.array(self.reason_tokens[idx])))
 
     # ---- access -------------------------------------------------------------------------
 
@@ -152,6 +158,8 @@ class Trace:
             cols["tenant"] = self.tenant.copy()
         if self.prefix_hashes is not None:
             cols["prefix_hashes"] = self.prefix_hashes.copy()
+        if self.reason_tokens is not None:
+            cols["reason_tokens"] = self.reason_tokens.copy()
         return pd.DataFrame(cols)
 
     def to_csv(self, path: str | Path) -> None:
@@ -213,14 +221,15 @@ class Trace:
     def with_max_tokens(self, max_tokens: int) -> Trace:
         """Outputs cut to `max_tokens` (a client's cap on generation), the rest unchanged."""
         capped = np.minimum(self.output_tokens, max_tokens)
+        reason = None if self.reason_tokens is None else _readonly(np.minimum(self.reason_tokens, capped))
         return Trace(self.name, self.arrival_s, self.prompt_tokens, _readonly(capped), self.tenant,
-                     self.prefix_hashes)
+                     self.prefix_hashes, reason)
 
     def with_tenant(self, tenant: str) -> Trace:
         """Label every request with one tenant."""
         labels = np.full(len(self), tenant, dtype=object)
         return Trace(self.name, self.arrival_s, self.prompt_tokens, self.output_tokens,
-                     _readonly(labels), self.prefix_hashes)
+                     _readonly(labels), self.prefix_hashes, self.reason_tokens)
 
     def assign_tenants(self, names: Sequence[str], popularity: str | Sequence[float] = "powerlaw",
                        alpha: float = 1.0, seed: int | Sequence[int] = 0) -> Trace:
@@ -243,7 +252,7 @@ class Trace:
             idx = np.random.default_rng(seed).choice(m, size=n, p=weights)
         labels = np.asarray(list(names), dtype=object)[idx]
         return Trace(self.name, self.arrival_s, self.prompt_tokens, self.output_tokens,
-                     _readonly(labels), self.prefix_hashes)
+                     _readonly(labels), self.prefix_hashes, self.reason_tokens)
 
     def merge(self, *others: Trace, name: str | None = None) -> Trace:
         """One stream from several (``Trace.merge(a, b, c)`` or ``a.merge(b, c)``).
@@ -258,11 +267,15 @@ class Trace:
         if any(t.prefix_hashes is not None for t in parts):
             prefix = np.concatenate([t.prefix_hashes if t.prefix_hashes is not None
                                      else _object_array([()] * len(t)) for t in parts])
+        reason = None
+        if any(t.reason_tokens is not None for t in parts):  # a source without the split: no reasoning
+            reason = np.concatenate([t.reason_tokens if t.reason_tokens is not None
+                                     else np.zeros(len(t), np.int64) for t in parts])
         return Trace.from_columns(
             name or "+".join(t.name for t in parts),
             np.concatenate([t.arrival_s for t in parts]),
             np.concatenate([t.prompt_tokens for t in parts]),
-            np.concatenate([t.output_tokens for t in parts]), tenant, prefix)
+            np.concatenate([t.output_tokens for t in parts]), tenant, prefix, reason)
 
     # ---- statistics ---------------------------------------------------------------------
 

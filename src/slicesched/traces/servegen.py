@@ -191,8 +191,9 @@ def _parse_pmf(text: str) -> Pmf | None:
     return (pairs[:, 0], probs / probs.sum()) if probs.sum() > 0 else None
 
 
-def _load_pmfs(path: Path) -> dict[float, tuple[Pmf, Pmf]]:
-    """Input and output token PMFs per 6 h window start; windows without both are left out."""
+def _load_pmfs(path: Path) -> dict[float, tuple[Pmf, Pmf, Pmf | None]]:
+    """Input and output token PMFs per 6 h window start, and the reason-ratio PMF where the file
+    has one (reasoning models); windows without both token PMFs are left out."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         out = {}
@@ -200,8 +201,9 @@ def _load_pmfs(path: Path) -> dict[float, tuple[Pmf, Pmf]]:
             if "input_tokens" not in fields or "output_tokens" not in fields:
                 continue  # multimodal files split input by modality: not modelled here
             pin, pout = _parse_pmf(fields["input_tokens"]), _parse_pmf(fields["output_tokens"])
+            reason = _parse_pmf(fields["reason_ratio"]) if "reason_ratio" in fields else None
             if pin is not None and pout is not None:
-                out[float(key)] = (pin, pout)
+                out[float(key)] = (pin, pout, reason)
         return out
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(f"malformed ServeGen dataset file ({type(e).__name__}: {e})",
@@ -209,26 +211,33 @@ def _load_pmfs(path: Path) -> dict[float, tuple[Pmf, Pmf]]:
 
 
 def _sample_lengths(seed: Sequence[int], times: np.ndarray,
-                    pmfs: dict[float, tuple[Pmf, Pmf]], fallback: LognormalLengths
-                    ) -> tuple[np.ndarray, np.ndarray]:
+                    pmfs: dict[float, tuple[Pmf, Pmf, Pmf | None]], fallback: LognormalLengths
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Token lengths from the PMF of the window each arrival falls in (the nearest window
-    with data if its own has none), or from ``fallback`` when the client has no PMFs.
+    with data if its own has none), or from ``fallback`` when the client has no PMFs; and,
+    where the window has a reason-ratio PMF, the output's leading reasoning tokens (a ratio
+    drawn from it, times the output, rounded; None when no window has one).
 
-    Prompt and output lengths of each PMF window come from their own generators, separate
+    Prompt, output and reason draws of each PMF window come from their own generators, separate
     from the arrivals', so the i-th request of a window keeps its lengths whatever the span."""
     if not pmfs:
-        return fallback.sample(np.random.default_rng([*seed, 1]), times.size)
+        return (*fallback.sample(np.random.default_rng([*seed, 1]), times.size), None)
     keys = np.array(sorted(pmfs))
     idx = np.clip(np.searchsorted(keys, times, side="right") - 1, 0, keys.size - 1)
     prompt = np.empty(times.size, np.int64)
     output = np.empty(times.size, np.int64)
+    reason = np.zeros(times.size, np.int64)
     for i in np.unique(idx):
         sel = idx == i
-        (vin, pin), (vout, pout) = pmfs[float(keys[i])]
+        (vin, pin), (vout, pout), ratio = pmfs[float(keys[i])]
         n = int(sel.sum())
         prompt[sel] = np.maximum(np.random.default_rng([*seed, 1, int(i)]).choice(vin, size=n, p=pin), 1)
         output[sel] = np.maximum(np.random.default_rng([*seed, 2, int(i)]).choice(vout, size=n, p=pout), 1)
-    return prompt, output
+        if ratio is not None:
+            r = np.random.default_rng([*seed, 3, int(i)]).choice(ratio[0], size=n, p=ratio[1])
+            reason[sel] = np.minimum(np.rint(np.clip(r, 0, 1) * output[sel]), output[sel]).astype(np.int64)
+    has_ratio = any(v[2] is not None for v in pmfs.values())
+    return prompt, output, reason if has_ratio else None
 
 
 def servegen_trace(root: str | Path, category: str, model: str, *,
@@ -241,7 +250,8 @@ def servegen_trace(root: str | Path, category: str, model: str, *,
     Choose tenants by id (``clients``) or the ``top_n`` busiest in the span (default: all).
     Time 0 of the trace is ``start_s``. Token lengths come from each client's dataset PMFs
     (input and output drawn independently; the PMFs are marginals; deepseek-r1's
-    ``reason_ratio`` is ignored and ``output_tokens`` taken as the whole output) or, without
+    ``output_tokens`` is the whole output, of which a ``reason_ratio`` drawn per request is
+    reasoning: the trace's ``reason_tokens``) or, without
     them (no file, or a multimodal file with per-modality inputs), from ``lengths`` (default
     :data:`SERVEGEN_LANGUAGE_LENGTHS`). Each client draws from its own
     generator seeded by ``(seed, client)``, so a tenant's stream does not change when others
@@ -252,18 +262,20 @@ def servegen_trace(root: str | Path, category: str, model: str, *,
         raise ValueError("pass clients or top_n, not both")
     end_s = start_s + duration_s
     chosen = _choose_clients(root, category, model, clients, top_n, start_s, duration_s)
-    cols: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    cols: list[tuple[np.ndarray, ...]] = []
+    reasoning = False
     for c in chosen:
         client_seed = (seed, c.client)
         times = _client_arrivals(client_seed, _read_windows(c.trace_path), start_s, end_s, match_rate)
         pmfs = _load_pmfs(c.dataset_path) if c.dataset_path is not None else {}
-        prompt, output = _sample_lengths(client_seed, times, pmfs, lengths or SERVEGEN_LANGUAGE_LENGTHS)
-        cols.append((times - start_s, prompt, output,
-                     np.full(times.size, f"{model}/{c.client}", dtype=object)))
-    arrival, prompt, output, tenant = (np.concatenate([c[i] for c in cols]) if cols
-                                       else np.empty(0) for i in range(4))
+        prompt, output, reason = _sample_lengths(client_seed, times, pmfs, lengths or SERVEGEN_LANGUAGE_LENGTHS)
+        reasoning |= reason is not None
+        cols.append((times - start_s, prompt, output, np.full(times.size, f"{model}/{c.client}", dtype=object),
+                     reason if reason is not None else np.zeros(times.size, np.int64)))
+    arrival, prompt, output, tenant, reason = (np.concatenate([c[i] for c in cols]) if cols
+                                               else np.empty(0) for i in range(5))
     return Trace.from_columns(name or f"servegen:{category}/{model}", arrival, prompt, output,
-                              tenant.astype(object))
+                              tenant.astype(object), reason_tokens=reason if reasoning else None)
 
 
 def _choose_clients(root: str | Path, category: str, model: str, clients: list[int] | None,
