@@ -76,3 +76,44 @@ def test_expert_parallel_runs_whole_experts():
     g = build_iteration(_ep(QWEN), BatchShape.decode(8, 100), 4, with_shapes=True)
     shape = g.shapes[int(np.flatnonzero(g.kind == OpKind.MOE_EXPERTS)[0])]
     assert shape[1] == (15, 2048, 2 * 1408)  # 60 / 4 experts, each whole
+
+
+# ---- expert parallelism with data-parallel attention (all-to-all) ------------------------------
+
+def _dp(m, skew=0.0):
+    return dataclasses.replace(m, expert_parallel=True, dp_attention=True, routing_skew=skew)
+
+
+def test_data_parallel_attention_moves_tokens_by_all_to_all_and_reduces_nothing():
+    g = build_iteration(_dp(QWEN), BatchShape.decode(64, 500), 4)
+    assert (g.kind == OpKind.ALL_REDUCE).sum() == 0
+    a2a = g.kind == OpKind.ALL_TO_ALL
+    assert a2a.sum() == 2 * QWEN.layers  # dispatch and combine in every layer
+    # each device holds 16 of the 64 sequences: it sends 16 x 4 picks, 3/4 of them to other devices
+    assert np.allclose(g.comm_bytes[a2a], 16 * 4 * 3 / 4 * 2048 * 2)
+
+
+def test_data_parallel_attention_deals_sequences_and_keeps_whole_attention_weights():
+    g = build_iteration(_dp(QWEN), BatchShape.decode(64, 500), 4)
+    qkv = g.kind == OpKind.QKV_PROJ
+    assert (g.flops[qkv] == 2 * 16 * 2048 * 3 * 2048).all()  # 16 sequences, every head
+    tp = build_iteration(QWEN, BatchShape.decode(64, 500), 4)
+    assert g.weight_bytes[qkv][0] == 4 * tp.weight_bytes[tp.kind == OpKind.QKV_PROJ][0]
+    # the experts are still split: every device's experts see every device's tokens, 1/4 of them
+    assert _rows_per_layer(g, QWEN, 1408) == pytest.approx(64 * 4 / 4)
+
+
+def test_one_long_prompt_under_data_parallel_attention_runs_on_one_device():
+    g = build_iteration(_dp(QWEN), BatchShape.prefill(4096), 4)
+    assert (g.flops[g.kind == OpKind.QKV_PROJ] == 2 * 4096 * 2048 * 3 * 2048).all()
+
+
+def test_an_all_to_all_costs_less_than_an_all_reduce_of_the_same_bytes():
+    from slicesched.cost import make_cost_model
+    from slicesched.hardware import DEVICES, LINKS
+
+    g = build_iteration(_dp(QWEN), BatchShape.decode(64, 500), 4)
+    t = make_cost_model("roofline").op_times(g, DEVICES["H100-80GB"], LINKS["nvlink4"])
+    a2a = g.kind == OpKind.ALL_TO_ALL
+    reduce_same = make_cost_model("roofline").allreduce_time(float(g.comm_bytes[a2a][0]), 4, LINKS["nvlink4"])
+    assert 0 < t[a2a][0] < reduce_same

@@ -34,8 +34,12 @@ def test_the_moe_tenant_is_served_as_its_scenario_says(mixed):
     assert m.shared_intermediate == 5632 and mixed.tenants[0].tp == 2
 
 
+@pytest.mark.parametrize("dp_attention", [False, True], ids=["ep", "ep+dp-attention"])
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
-def test_every_scheduler_serves_the_mixed_moe_scenario(mixed, scheduler):
+def test_every_scheduler_serves_the_mixed_moe_scenario(mixed, scheduler, dp_attention):
+    if dp_attention:
+        mixed = scenario(MIXED.read_text().replace("expert_parallel = true\n", "expert_parallel = true\n"
+                                                   "data_parallel_attention = true\n", 1))
     res = replay(mixed, make_scheduler(scheduler, mixed), scenario_trace(mixed, 1.0, 2.0), cost=make_cost_model(),
                  window_s=2.0)
     moe = [r for r in res.requests if r.tenant == "moe-chat"]
@@ -60,3 +64,21 @@ def test_expert_parallelism_a_model_cannot_have_is_refused_naming_the_field(chan
     with pytest.raises(InputError, match="expert_parallel") as e:
         check_scenario(scenario(text))
     assert words in str(e.value)
+
+
+def test_data_parallel_attention_without_expert_parallelism_is_refused():
+    text = MIXED.read_text().replace("expert_parallel = true\n", "data_parallel_attention = true\n", 1)
+    with pytest.raises(InputError, match="data_parallel_attention needs expert_parallel"):
+        scenario(text)
+
+
+def test_the_executor_refuses_an_expert_parallel_tenant_before_anything_runs(mixed, tmp_path):
+    from slicesched.replay.real import executor_of, real_driver, real_setup
+
+    setup = real_setup(mixed, tmp_path)
+    ex = executor_of(setup)
+    try:
+        with pytest.raises(InputError, match="moe-chat would serve expert-parallel"):
+            real_driver(setup, "dedicated", ex)
+    finally:
+        ex.close()

@@ -144,6 +144,10 @@ class TenantConfig(_Strict):
                                   "parallelism; attention stays tensor-parallel), not each expert cut tp ways")
     expert_routing_skew: float = Field(0.0, ge=0, le=4, description="MoE: expert popularity ~ 1 / rank^skew "
                                        "(Zipf) in the routing model graphs are priced by; 0: uniform")
+    data_parallel_attention: bool = Field(False, description="with expert_parallel: each device runs attention "
+                                          "(whole attention weights) for its share of the batch's sequences, and "
+                                          "tokens reach their experts' devices and come back by all-to-all "
+                                          "(DeepEP-style) instead of every device attending to every token")
 
     def spec(self) -> "ModelSpec":
         """The tenant's model as it is served: its config, with how its experts are served."""
@@ -154,7 +158,14 @@ class TenantConfig(_Strict):
         m = model_spec(self.model)
         if not m.num_experts:
             return m
-        return replace(m, expert_parallel=self.expert_parallel, routing_skew=self.expert_routing_skew)
+        return replace(m, expert_parallel=self.expert_parallel, routing_skew=self.expert_routing_skew,
+                       dp_attention=self.data_parallel_attention)
+
+    @model_validator(mode="after")
+    def _dp_attention_needs_ep(self) -> "TenantConfig":
+        if self.data_parallel_attention and not self.expert_parallel:
+            raise ValueError("data_parallel_attention needs expert_parallel = true")
+        return self
 
     @model_validator(mode="after")
     def _batch_has_a_deadline(self) -> "TenantConfig":

@@ -136,6 +136,9 @@ class RooflineCostModel:
         comm = graph.comm_bytes > 0
         if _ANY(comm):
             t[comm] = self._allreduce_times(graph.comm_bytes[comm], tp, group_link)
+            a2a = comm & (graph.kind == OpKind.ALL_TO_ALL)
+            if _ANY(a2a):
+                t[a2a] = self._alltoall_times(graph.comm_bytes[a2a], tp, group_link)
         return t
 
     def _one_time(self, r: OpRows, i: int, shape: BatchShape, tp: int, device: DeviceSpec, link: LinkSpec) -> float:
@@ -145,6 +148,8 @@ class RooflineCostModel:
         code, inv_bw, l2_cap, l2_gain, half_w, floor = k.per_op[i]
         flops, read, written, weights, _, _, comm, _ = r.numbers[:, i].tolist()
         if comm > 0:
+            if r.kind[i] == OpKind.ALL_TO_ALL:
+                return float(self._alltoall_times(np.array([comm]), tp, link)[0])
             return self.allreduce_time(comm, tp, link)
         return self._roofline(flops, read, written, weights, self._compute_effs(shape)[code], inv_bw, l2_cap,
                               l2_gain, half_w, floor, device, _FLOATS)
@@ -218,6 +223,14 @@ class RooflineCostModel:
         if p <= 1 or nbytes <= 0:
             return 0.0
         return self.allreduce_floor_s + 2 * (p - 1) * (self.allreduce_step_s + nbytes / p / (link.bandwidth * self.collective_link_eff))
+
+    def _alltoall_times(self, nbytes: np.ndarray, group_size: int, link: LinkSpec) -> np.ndarray:
+        """All-to-all of `nbytes` sent by each device (to the p - 1 others; as much received): a
+        fixed floor, then p - 1 steps, the bytes at the collective link rate."""
+        p = group_size
+        if p <= 1:
+            return np.zeros_like(nbytes)
+        return self.allreduce_floor_s + (p - 1) * self.allreduce_step_s + nbytes / (link.bandwidth * self.collective_link_eff)
 
     def _allreduce_times(self, nbytes: np.ndarray, group_size: int, link: LinkSpec) -> np.ndarray:
         """`allreduce_time` of every positive size at once (the same float operations in order)."""

@@ -33,15 +33,36 @@ class _Counts(NamedTuple):
     # expert token-rows computed (k per token over all experts, the busiest rank's under EP)
     touched: float = 0.0
     expert_tokens: float = 0.0
+    a2a: float = 0.0  # data-parallel attention: token-rows this device sends to other devices' experts
 
 
 def _counts(m: ModelSpec, s: BatchShape, tp: int) -> _Counts:
+    if m.dp_attention and tp > 1:
+        return _dp_counts(m, s, tp)
     T = s.num_tokens
     rows = touched = 0.0
     if m.num_experts:
         rows, touched = expert_load(m.num_experts, m.experts_per_token, m.routing_skew, T,
                                     tp if m.expert_parallel else 1)
     return _Counts(T, s.attended_keys(), s.kv_tokens_read(), s.logits_seqs, touched, rows)
+
+
+def _dp_counts(m: ModelSpec, s: BatchShape, tp: int) -> _Counts:
+    """Data-parallel attention: the batch's sequences dealt to the tp devices (the longest
+    first, each to the least loaded), and the counts of the busiest device's share; its experts
+    see every device's tokens (the busiest expert rank's rows, `gmg.routing`)."""
+    new, ctx = s.new_tokens, s.context_lens
+    load, owner = [0] * tp, np.empty(len(new), np.int64)
+    for i in np.argsort(-new, kind="stable").tolist():
+        d = load.index(min(load))
+        owner[i] = d
+        load[d] += int(new[i])
+    mine = owner == load.index(max(load))
+    share = BatchShape(new[mine], ctx[mine], -(-s.logits_seqs * int(mine.sum()) // max(len(new), 1)))
+    k = m.experts_per_token
+    rows, touched = expert_load(m.num_experts, k, m.routing_skew, s.num_tokens, tp)
+    return _Counts(share.num_tokens, share.attended_keys(), share.kv_tokens_read(), share.logits_seqs, touched,
+                   rows, share.num_tokens * k * (tp - 1) / tp)
 
 
 @dataclass(slots=True)
@@ -61,9 +82,11 @@ class _Row:
 
 
 def _layer_rows(m: ModelSpec, tp: int, c: _Counts) -> list[_Row]:
-    """One transformer layer for this batch, per device of a `tp`-way group."""
+    """One transformer layer for this batch, per device of a `tp`-way group (attention cut tp
+    ways, or whole on each device for its own sequences: `ModelSpec.dp_attention`)."""
     T, b, h = c.tokens, m.dtype_bytes, m.hidden
-    q, kv = m.q_dim // tp, m.kv_dim // tp
+    ta = 1 if m.dp_attention else tp  # the attention's degree
+    q, kv = m.q_dim // ta, m.kv_dim // ta
     act = T * h * b
     norm_w = m.norm_params() * b
     qkv_w = (h * (q + 2 * kv) + ((q + 2 * kv) if m.qkv_bias else 0)) * b
@@ -79,17 +102,17 @@ def _layer_rows(m: ModelSpec, tp: int, c: _Counts) -> list[_Row]:
         rows.append(_Row(OpKind.ROPE, 3 * T * (q + kv), T * (q + kv) * b, T * (q + kv) * b, 0,
                          T * (q + 2 * kv) * b, inputs=(1,), shape=((T, q + 2 * kv), (T, q + 2 * kv))))
     a = len(rows)
-    rows.append(_Row(OpKind.ATTENTION, 4 * m.head_dim * (m.heads // tp) * keys, T * q * b + kv_read,
+    rows.append(_Row(OpKind.ATTENTION, 4 * m.head_dim * (m.heads // ta) * keys, T * q * b + kv_read,
                      T * q * b, 0, T * q * b, kv=T * 2 * kv * b, inputs=(a - 1,),
                      shape=((T, q), (c.kv_read, 2 * kv), (T, q))))
     rows.append(_Row(OpKind.O_PROJ, 2 * T * q * h, T * q * b, act, o_w, act, inputs=(a,),
                      shape=((T, q), (q, h), (T, h))))
-    rows += _reduce_and_add(T, h, b, tp, block=0, base=len(rows), residual=-1)
+    rows += _reduce_and_add(T, h, b, ta, block=0, base=len(rows), residual=-1)
     x1 = len(rows) - 1
     rows.append(_Row(OpKind.NORM, 4 * T * h, act, act, norm_w, act, inputs=(x1,), block=1,
                      shape=((T, h), (T, h))))
     rows += _mlp_rows(m, tp, c, base=len(rows))
-    rows += _reduce_and_add(T, h, b, tp, block=1, base=len(rows), residual=x1)
+    rows += _reduce_and_add(T, h, b, ta, block=1, base=len(rows), residual=x1)  # the combine returned them
     return rows
 
 
@@ -131,25 +154,31 @@ def _moe_rows(m: ModelSpec, tp: int, c: _Counts, base: int) -> list[_Row]:
     T, b, h, E = c.tokens, m.dtype_bytes, m.hidden, m.num_experts
     act, R = T * h * b, c.expert_tokens
     ep = tp if m.expert_parallel else 1
+    ta = 1 if m.dp_attention else tp  # the shared experts are cut as the attention is
     i = m.expert_intermediate // (tp // ep)
     expert_w = 3 * h * i * b
     gates = E + (1 if m.shared_gate else 0)
-    rows = [
-        _Row(OpKind.MOE_ROUTER, 2 * T * h * gates, act, T * E * 4, h * gates * b, T * E * 4, inputs=(base - 1,),
-             block=1, shape=((T, h), (h, gates), (T, E))),
-        # All its experts must be resident; only the experts some token picked are read.
-        _Row(OpKind.MOE_EXPERTS, 2 * R * 3 * h * i + 5 * R * i, act + T * E * 4, act, E // ep * expert_w, act,
-             inputs=(base - 1, base), block=1, weights_read=c.touched * expert_w,
-             shape=((T, h), (E // ep, h, 2 * i), (E // ep, i, h), (T, h))),
-    ]
+    a2a = c.a2a * h * b  # bytes this device sends (and receives back) when tokens go to their experts
+    rows = [_Row(OpKind.MOE_ROUTER, 2 * T * h * gates, act, T * E * 4, h * gates * b, T * E * 4,
+                 inputs=(base - 1,), block=1, shape=((T, h), (h, gates), (T, E)))]
+    if m.dp_attention and tp > 1:  # dispatch: each token to its experts' devices
+        rows.append(_Row(OpKind.ALL_TO_ALL, 0, a2a, a2a, 0, act, comm=a2a, inputs=(base - 1, base), block=1,
+                         shape=((T, h), (T, h))))
+    # All its experts must be resident; only the experts some token picked are read.
+    rows.append(_Row(OpKind.MOE_EXPERTS, 2 * R * 3 * h * i + 5 * R * i, act + T * E * 4, act, E // ep * expert_w,
+                     act, inputs=(base - 1, base + len(rows) - 1), block=1, weights_read=c.touched * expert_w,
+                     shape=((T, h), (E // ep, h, 2 * i), (E // ep, i, h), (T, h))))
+    if m.dp_attention and tp > 1:  # combine: the experts' outputs back to their tokens' devices
+        rows.append(_Row(OpKind.ALL_TO_ALL, 0, a2a, a2a, 0, act, comm=a2a, inputs=(base + len(rows) - 1,),
+                         block=1, shape=((T, h), (T, h))))
     if m.shared_intermediate:
-        s = m.shared_intermediate // tp
+        s, at = m.shared_intermediate // ta, base + len(rows)
         rows += [
             _Row(OpKind.MLP_UP, 2 * T * h * 2 * s, act, T * 2 * s * b, h * 2 * s * b, T * 2 * s * b,
-                 inputs=(base - 1, base + 1), block=1, shape=((T, h), (h, 2 * s), (T, 2 * s))),
-            _Row(OpKind.MLP_ACT, 5 * T * s, T * 2 * s * b, T * s * b, 0, T * s * b, inputs=(base + 2,), block=1,
+                 inputs=(base - 1, at - 1), block=1, shape=((T, h), (h, 2 * s), (T, 2 * s))),
+            _Row(OpKind.MLP_ACT, 5 * T * s, T * 2 * s * b, T * s * b, 0, T * s * b, inputs=(at,), block=1,
                  shape=((T, 2 * s), (T, s))),
-            _Row(OpKind.MLP_DOWN, 2 * T * s * h, T * s * b, act, s * h * b, act, inputs=(base + 3,), block=1,
+            _Row(OpKind.MLP_DOWN, 2 * T * s * h, T * s * b, act, s * h * b, act, inputs=(at + 1,), block=1,
                  shape=((T, s), (s, h), (T, h))),
         ]
     return rows
@@ -160,8 +189,9 @@ def _head_rows(m: ModelSpec, tp: int, c: _Counts) -> tuple[_Row, list[_Row]]:
     T, b, h = c.tokens, m.dtype_bytes, m.hidden
     act = T * h * b
     L = c.logits  # only the last position of each finishing sequence needs logits
-    v = m.vocab // tp
-    embed_w = (m.vocab // tp + m.learned_positions) * h * b
+    ta = 1 if m.dp_attention else tp  # data-parallel attention: each device its whole embedding and head
+    v = m.vocab // ta
+    embed_w = (m.vocab // ta + m.learned_positions) * h * b
     # A gather: only the rows of the batch's tokens are read, not the whole table.
     embed = _Row(OpKind.EMBED, T * h if m.learned_positions else 0, T * 8 + act, act, embed_w, act, inputs=(),
                  weights_read=(2 if m.learned_positions else 1) * act, shape=((T,), (m.vocab, h), (T, h)))
@@ -193,8 +223,8 @@ def build_iteration(m: ModelSpec, shape: BatchShape, tp: int = 1, grain: Grain =
     c = _counts(m, shape, tp)
     # int64 is exact (no number comes near 2**63), so each number is rounded to float once.
     v = (np.array((1, *c[:4]), np.int64) @ t.coef).astype(np.float64)
-    if t.moe is not None:  # float(integer part) + touched * bytes + rows * flops, as the rows compute it
-        v += c.touched * t.moe[0] + c.expert_tokens * t.moe[1]
+    if t.moe is not None:  # float(integer part) + touched * bytes + rows * flops (+ all-to-all), as rows compute it
+        v += c.touched * t.moe[0] + c.expert_tokens * t.moe[1] + c.a2a * t.moe[2]
     v = v.reshape(8, -1)
     v[1] += v[7]  # bytes read: activations and KV, plus the weights read
     distinct = OpRows(t.gather, t.row_kind, v[0], v[1], v[2], v[3], v[6], v)
@@ -227,7 +257,7 @@ class _Template:
     gather: np.ndarray  # template row of every op: 0 embedding, 1..n the layer, n+1.. the head
     row_kind: np.ndarray  # int8 kind of every template row
     coef: np.ndarray  # int64 [5, 8 * rows], see `_coefficients`
-    moe: np.ndarray | None  # float64 [2, 8 * rows], of experts touched and expert rows; None for dense models
+    moe: np.ndarray | None  # float64 [3, 8 * rows], of experts touched, expert rows, all-to-all rows; None if dense
 
 
 def tp_problem(m: ModelSpec, tp: int) -> str | None:
@@ -297,13 +327,14 @@ def _numbers(m: ModelSpec, tp: int, c: _Counts) -> list[float]:
 
 def _coefficients(m: ModelSpec, tp: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Coefficients of (1, tokens, keys, kv_read, logits) in every row number, int64 [5, numbers],
-    and of (experts touched, expert rows), float64 [2, numbers] (None if no number depends on them)."""
+    and of (experts touched, expert rows, all-to-all rows), float64 [3, numbers] (None if no
+    number depends on them)."""
     units = [_Counts(0, 0, 0, 0), _Counts(1, 0, 0, 0), _Counts(0, 1, 0, 0), _Counts(0, 0, 1, 0),
-             _Counts(0, 0, 0, 1), _Counts(0, 0, 0, 0, 1), _Counts(0, 0, 0, 0, 0, 1)]
+             _Counts(0, 0, 0, 1), _Counts(0, 0, 0, 0, 1), _Counts(0, 0, 0, 0, 0, 1), _Counts(0, 0, 0, 0, 0, 0, 1)]
     base, *unit = (_numbers(m, tp, u) for u in units)
     coef = [base] + [[a - b for a, b in zip(u, base)] for u in unit]
     # The rows must be affine in the counts with integer coefficients; a probe point checks it.
-    probe = (1, 3, 5, 7, 11, 13, 17)
+    probe = (1, 3, 5, 7, 11, 13, 17, 19)
     predicted = [sum(p * k for p, k in zip(probe, ks)) for ks in zip(*coef)]
     if predicted != _numbers(m, tp, _Counts(*probe[1:])) or any(k != int(k) for ks in coef for k in ks):
         raise AssertionError("builder rows must be affine in _Counts with integer coefficients")

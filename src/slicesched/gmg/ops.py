@@ -41,6 +41,7 @@ class OpKind(IntEnum):
     MOE_EXPERTS = 12
     LM_HEAD = 13
     SAMPLE = 14
+    ALL_TO_ALL = 15  # expert parallelism with data-parallel attention: tokens to their experts' devices and back
 
 
 #: Op kinds whose cost is dominated by GEMMs (efficiency grows with the token count).

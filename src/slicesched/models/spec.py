@@ -40,6 +40,9 @@ class ModelSpec:
     # how the tenant serves its experts (a serving choice, set per tenant: `TenantConfig.spec`)
     expert_parallel: bool = False  # experts split whole over the tp devices (EP), not each cut tp ways
     routing_skew: float = 0.0  # expert popularity ~ 1 / rank^skew (Zipf); 0: uniform routing
+    # with expert parallelism: each device runs attention (whole weights) for its share of the
+    # batch's sequences, tokens reaching their experts' devices and coming back by all-to-all
+    dp_attention: bool = False
     rms_norm: bool = True  # RMSNorm (weight) vs LayerNorm (weight + bias)
     qkv_bias: bool = False
     linear_bias: bool = False  # biases on o_proj and MLP (GPT-2, OPT)

@@ -185,6 +185,10 @@ def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: C
         return made[-1]
 
     _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
+    ep = sorted(t.name for t in sc.tenants if t.expert_parallel)
+    if ep:  # its experts would run cut tensor-parallel: not the layout the simulator prices
+        raise InputError(f"{', '.join(ep)} would serve expert-parallel, which the executor does not run yet "
+                         "(it cuts every expert tensor-parallel)", field="tenants.expert_parallel")
     kind = LiveDriver if live else ReplayDriver
     driver = kind(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                   rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
