@@ -385,7 +385,7 @@ def test_a_model_the_executor_cannot_build_is_one_line_exit_2(tmp_path, tiny_sce
     sc.write_text(tiny_scenario_toml.replace('"qwen2.5-1.5b"', '"gpt2"'))
     r = subprocess.run([sys.executable, "-m", "slicesched.cli", "replay", str(sc), "--backend", "executor"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip() == "error: real serving runs llama, mistral, qwen2, qwen3, qwen2_moe models, not 'gpt2'"
+    assert r.returncode == 2 and r.stderr.strip() == "error: real serving runs llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe models, not 'gpt2'"
 
 
 def test_a_negative_seed_is_one_line_naming_the_field(tiny, tiny_scenario_toml):

@@ -1,5 +1,5 @@
-"""A small random-weight fine-grained MoE (Qwen-MoE: 60 routed experts, top-4, a gated shared
-expert) served on executor devices: its block cut tensor-parallel sums to the block's own
+"""Small random-weight fine-grained MoEs (Qwen1.5-MoE: 60 routed experts, top-4, a gated shared
+expert; Qwen3-MoE: 128 experts, top-8, none shared) served on executor devices: its block cut tensor-parallel sums to the block's own
 output, and served requests get the tokens of eager greedy generation, at home and with its
 steps tensor-parallel over a merged container."""
 
@@ -28,9 +28,10 @@ def eager(setup):
     return eager_models(setup)
 
 
+@pytest.mark.parametrize("name", ["qwen1.5-moe-a2.7b", "qwen3-30b-a3b"])  # with and without a shared expert
 @pytest.mark.parametrize("degree", [2, 4])
-def test_the_ranks_partial_sums_add_up_to_the_blocks_output(degree):
-    model = build_model(scaled_config(shipped_config("qwen1.5-moe-a2.7b")), seed=3)
+def test_the_ranks_partial_sums_add_up_to_the_blocks_output(name, degree):
+    model = build_model(scaled_config(shipped_config(name)), seed=3)
     mlp = model.model.layers[0].mlp
     x = torch.randn(1, 37, model.config.hidden_size)
     with torch.no_grad():
@@ -54,3 +55,10 @@ def test_moe_requests_get_the_tokens_of_eager_greedy_generation(setup, eager, sc
     assert mismatches(run.result.requests, eager) == []
     if scheduler == "temporal-mux":  # the merged container runs every step over both devices
         assert run.loans["wide_stages"] > 0 and run.loans["wide_fallbacks"] == 0
+
+
+def test_a_qwen3_moe_tenant_gets_eager_tokens_with_its_steps_over_a_merged_container(tmp_path):
+    qwen3 = real_setup(scenario(MOE.replace('"qwen1.5-moe-a2.7b"', '"qwen3-30b-a3b"')), tmp_path)
+    run = serve(qwen3, "temporal-mux")
+    assert run.loans["wide_stages"] > 0
+    assert mismatches(run.result.requests, eager_models(qwen3)) == []

@@ -78,7 +78,7 @@ def test_config_without_positions_has_no_context_limit():
 # ---- the 128k-context and large MoE configs (published checkpoints) ----------------------------
 
 PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b": 70.6, "qwen2.5-72b": 72.7, "mixtral-8x22b": 141.0,
-               "qwen1.5-moe-a2.7b": 14.3}
+               "qwen1.5-moe-a2.7b": 14.3, "qwen3-30b-a3b": 30.5}
 
 
 def _config(name: str) -> dict:
@@ -91,18 +91,20 @@ def _count(cfg: dict) -> tuple[int, int]:
     """(all parameters, those one token's GEMMs use), from the config by the architecture's
     layout: q/k/v/o (Qwen2: q/k/v biases), gated MLP per expert (Qwen-MoE: routed experts of
     moe_intermediate_size, a shared expert of shared_expert_intermediate_size with a one-output
-    gate), a router per MoE layer, two norms per layer, final norm, untied LM head."""
+    gate), a router per MoE layer, two norms per layer (Qwen3: and a q and a k norm per head
+    width), final norm, untied LM head."""
     h, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     i = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
-    d = h // heads
+    d = cfg.get("head_dim", h // heads)
     attn = h * heads * d + 2 * h * kv * d + heads * d * h
+    qk_norm = 2 * d if cfg["model_type"] in ("qwen3", "qwen3_moe") else 0
     bias = (heads * d + 2 * kv * d) if cfg["model_type"] in ("qwen2", "qwen2_moe") else 0
     experts = cfg.get("num_local_experts", cfg.get("num_experts", 1))
     top = cfg.get("num_experts_per_tok", 1)
     shared = cfg.get("shared_expert_intermediate_size", 0)
     router = h * experts + (h if shared else 0) if experts > 1 else 0
-    per_layer = attn + bias + experts * 3 * h * i + router + 3 * h * shared + 2 * h
+    per_layer = attn + bias + qk_norm + experts * 3 * h * i + router + 3 * h * shared + 2 * h
     total = V * h + L * per_layer + h + h * V
     gemm = L * (attn + top * 3 * h * i + router + 3 * h * shared) + h * V
     return total, gemm
@@ -130,6 +132,7 @@ def test_one_decoded_tokens_gemm_flops_are_twice_the_parameters_it_uses(name):
 
 
 @pytest.mark.parametrize("name,ctx", [("llama-3.1-8b", 131072), ("llama-3.1-70b", 131072), ("qwen2.5-72b", 32768),
-                                      ("mixtral-8x22b", 65536), ("qwen1.5-moe-a2.7b", 8192)])
+                                      ("mixtral-8x22b", 65536), ("qwen1.5-moe-a2.7b", 8192),
+                                      ("qwen3-30b-a3b", 40960)])
 def test_new_models_context_windows(name, ctx):
     assert model_spec(name).max_context == ctx

@@ -11,7 +11,7 @@ with the past keys and values read from the pool blocks the engine assigned
 Models come from the shipped configs (`models/configs`), scaled down on CPU to a few small
 layers (`scaled_config`), built with a fixed seed so that every device and the eager reference
 hold the same weights. Llama-family architectures only (llama, mistral, qwen2, qwen3, and
-qwen2_moe, whose `mlp` is a sparse MoE block): their decoder layers are
+qwen2_moe and qwen3_moe, whose `mlp` is a sparse MoE block): their decoder layers are
 `input_layernorm -> self_attn -> post_attention_layernorm -> mlp`.
 """
 
@@ -29,7 +29,7 @@ from slicesched.decisions import StepInputs
 from slicesched.errors import InputError
 from slicesched.models.spec import ModelSpec, from_hf_config
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 #: The CPU stand-in of every model: shape ratios (GQA, MLP width) kept, sizes cut.
 CPU_HIDDEN, CPU_HEADS, CPU_LAYERS, CPU_VOCAB = 128, 4, 2, 2048
 #: Random weights this wide make the top two logits differ by ~0.1, far above float32 rounding,

@@ -89,7 +89,7 @@ def _layer_rows(m: ModelSpec, tp: int, c: _Counts) -> list[_Row]:
     q, kv = m.q_dim // ta, m.kv_dim // ta
     act = T * h * b
     norm_w = m.norm_params() * b
-    qkv_w = (h * (q + 2 * kv) + ((q + 2 * kv) if m.qkv_bias else 0)) * b
+    qkv_w = (h * (q + 2 * kv) + ((q + 2 * kv) if m.qkv_bias else 0) + (2 * m.head_dim if m.qk_norm else 0)) * b
     o_w = (q * h + (h if m.linear_bias else 0)) * b
     keys = c.keys
     kv_read = c.kv_read * 2 * kv * b

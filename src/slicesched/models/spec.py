@@ -45,6 +45,7 @@ class ModelSpec:
     dp_attention: bool = False
     rms_norm: bool = True  # RMSNorm (weight) vs LayerNorm (weight + bias)
     qkv_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each head's q and k (Qwen3): 2 x head_dim weights per layer
     linear_bias: bool = False  # biases on o_proj and MLP (GPT-2, OPT)
     learned_positions: int = 0  # rows of a learned position table (GPT-2, OPT); 0 for rotary
     tie_embeddings: bool = False
@@ -70,6 +71,8 @@ class ModelSpec:
         p = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
         if self.qkv_bias:
             p += self.q_dim + 2 * self.kv_dim
+        if self.qk_norm:
+            p += 2 * self.head_dim
         if self.linear_bias:
             p += h
         return p
@@ -174,6 +177,7 @@ def from_hf_config(cfg: dict[str, Any], name: str = "", src: str = "<config>") -
         moe_intermediate=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
         shared_intermediate=shared if experts else 0, shared_gate=bool(shared) and mtype == "qwen2_moe",
         qkv_bias=mtype in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+        qk_norm=mtype in ("qwen3", "qwen3_moe"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_context=_context(cfg, "max_position_embeddings"),
         dtype_bytes=4 if cfg.get("torch_dtype") == "float32" else 2,  # shipped configs: bf16/fp16
