@@ -12,10 +12,12 @@ TTFT is measured by the client: from sending the request to the first chunk carr
 The clients share the machine's cores with the server, so the figures are those of a loaded
 host, not of the server alone (`load_avg_1m` says how loaded).
 
-Figures: `http_requests_per_s` (completed requests over the load's wall time),
-`http_output_tokens_per_s`, `http_ttft_p50_s`, `http_ttft_p99_s`, `http_errors`,
-`http_requests`, `http_stop_s` (SIGTERM to exit, the streams in flight finishing first),
-`http_exit_status`. Ray device workers and worker faults are not built yet, so no figure of
+Figures of `--scheduler` (default slicesched): `http_requests_per_s` (completed requests over
+the load's wall time), `http_output_tokens_per_s`, `http_ttft_p50_s`, `http_ttft_p99_s`,
+`http_errors`, `http_requests`, `http_stop_s` (SIGTERM to exit, the streams in flight finishing
+first), `http_exit_status`; the same of `--reference` (default dedicated, run first, the same
+load) as `http_<reference>_...`, and `http_requests_per_s_vs_<reference>`,
+`http_ttft_p50_s_vs_<reference>` (ratios: the host's load moves both alike). Ray device workers and worker faults are not built yet, so no figure of
 them is printed.
 """
 
@@ -96,16 +98,11 @@ def _client(port: int, tenants: list[str], seed: int, until: float, out: list) -
         out.append(_one(port, rng.choice(tenants), prompt, rng.randint(8, 64)))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--scheduler", default="slicesched")
-    ap.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "loans_cpu.toml")
-    args = ap.parse_args()
+def drive(scenario: Path, scheduler: str, clients: int, seconds: float) -> dict[str, float]:
+    """Start `slicesched serve`, load it for `seconds`, stop it with SIGTERM; its figures."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "slicesched.cli", "serve", str(args.scenario), "--scheduler",
-                             args.scheduler, "--port", str(port), "--grace-s", "60"],
+    proc = subprocess.Popen([sys.executable, "-m", "slicesched.cli", "serve", str(scenario), "--scheduler",
+                             scheduler, "--port", str(port), "--grace-s", "60"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_up(port, proc)
@@ -113,9 +110,8 @@ def main() -> None:
             tenants = [m["id"] for m in json.loads(r.read())["data"]]
         results: list[tuple[float | None, int, bool]] = []
         t0 = time.perf_counter()
-        until = t0 + args.seconds
-        threads = [threading.Thread(target=_client, args=(port, tenants, i, until, results))
-                   for i in range(args.clients)]
+        threads = [threading.Thread(target=_client, args=(port, tenants, i, t0 + seconds, results))
+                   for i in range(clients)]
         for t in threads:
             t.start()
         for t in threads:
@@ -130,16 +126,37 @@ def main() -> None:
             proc.kill()
     ok = [r for r in results if r[2]]
     ttft = np.array([r[0] for r in ok if r[0] is not None])
+    return {"requests": len(results), "requests_per_s": len(ok) / wall,
+            "output_tokens_per_s": sum(r[1] for r in ok) / wall,
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else float("nan"),
+            "ttft_p99_s": float(np.percentile(ttft, 99)) if len(ttft) else float("nan"),
+            "errors": len(results) - len(ok), "stop_s": stop_s, "exit_status": status}
+
+
+UNITS = {"requests": "requests", "requests_per_s": "requests/s", "output_tokens_per_s": "tokens/s",
+         "ttft_p50_s": "s", "ttft_p99_s": "s", "errors": "requests", "stop_s": "s", "exit_status": ""}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--scheduler", default="slicesched")
+    ap.add_argument("--reference", default="dedicated", help="the scheduler run beside it, for ratios ('' : none)")
+    ap.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "loans_cpu.toml")
+    args = ap.parse_args()
+    print(f"# scheduler {args.scheduler}, reference {args.reference or 'none'}, scenario {args.scenario.name}")
     print(f"http_clients: {args.clients} clients")
-    print(f"http_scheduler: {args.scheduler}")
-    print(f"http_requests: {len(results)} requests")
-    print(f"http_requests_per_s: {len(ok) / wall:.2f} requests/s")
-    print(f"http_output_tokens_per_s: {sum(r[1] for r in ok) / wall:.1f} tokens/s")
-    print(f"http_ttft_p50_s: {np.percentile(ttft, 50) if len(ttft) else float('nan'):.4f} s")
-    print(f"http_ttft_p99_s: {np.percentile(ttft, 99) if len(ttft) else float('nan'):.4f} s")
-    print(f"http_errors: {len(results) - len(ok)} requests")
-    print(f"http_stop_s: {stop_s:.2f} s")
-    print(f"http_exit_status: {status}")
+    ref = drive(args.scenario, args.reference, args.clients, args.seconds) if args.reference else None
+    got = drive(args.scenario, args.scheduler, args.clients, args.seconds)
+    for k, v in got.items():
+        print(f"http_{k}: {v:.4g} {UNITS[k]}".rstrip())
+    if ref is not None:
+        for k, v in ref.items():
+            print(f"http_{args.reference}_{k}: {v:.4g} {UNITS[k]}".rstrip())
+        for k in ("requests_per_s", "ttft_p50_s"):
+            if ref[k] > 0:
+                print(f"http_{k}_vs_{args.reference}: {got[k] / ref[k]:.3f} x")
     print(f"load_avg_1m: {os.getloadavg()[0]:.2f}")
 
 
