@@ -249,3 +249,22 @@ def test_models_and_health(server):
         health = json.loads(r.read())
     assert [m["id"] for m in models] == ["a", "b", "c"] and models[2]["max_model_len"] == 512
     assert models[0]["tokenizer"] == "byte-level" and health["status"] == "ok"
+
+
+def test_a_client_that_disconnects_before_a_whole_response_has_its_request_cancelled(server):
+    url = server[1]
+    key = ("slicesched_requests_total", (("reason", "cancelled"), ("tenant", "b")))
+    before = _metrics(url).get(key, 0.0)
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", _js(model="b", prompt="go on", max_tokens=6000),
+                 {"Content-Type": "application/json"})
+    time.sleep(0.5)  # running, not answered yet
+    conn.close()
+    end, m = time.monotonic() + 5, {}
+    while time.monotonic() < end:
+        m = _metrics(url)
+        if m.get(key, 0.0) > before and m[("slicesched_kv_blocks_used", (("tenant", "b"),))] == 0:
+            break
+        time.sleep(0.1)
+    assert m.get(key, 0.0) == before + 1 and m[("slicesched_kv_blocks_used", (("tenant", "b"),))] == 0
