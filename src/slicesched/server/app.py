@@ -64,14 +64,14 @@ def make_app(service: Service, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastA
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = parse(CompletionBody, await _json(request, max_body_bytes))
-        tok = _tokenizer(service, body.model)
+        tok = service.tokenizer(body.model)
         ids = tok.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         return await _respond(service, request, body, ids, body.max_tokens, "text_completion")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = parse(ChatBody, await _json(request, max_body_bytes))
-        tok = _tokenizer(service, body.model)
+        tok = service.tokenizer(body.model)
         ids = tok.chat([{"role": m.role, "content": m.text()} for m in body.messages])
         return await _respond(service, request, body, ids, body.max_completion_tokens or body.max_tokens,
                               "chat.completion")
@@ -110,12 +110,6 @@ async def _json(request: Request, limit: int) -> object:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(400, f"malformed JSON body: {e}") from None
-
-
-def _tokenizer(service: Service, model: str):
-    if model not in service.tokenizers:
-        service.check(model, [0], 1, 1)  # raises: unknown model
-    return service.tokenizers[model]
 
 
 async def _respond(service: Service, request: Request, body, ids: list[int], max_tokens: int | None,

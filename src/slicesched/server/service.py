@@ -128,12 +128,17 @@ class Service:
         self._close()
 
     # ---- requests -------------------------------------------------------------------------
+    def tokenizer(self, tenant: str) -> Tokenizer:
+        """The tenant's tokenizer; 404 for a model this server does not serve."""
+        if tenant not in self.tokenizers:
+            raise BadRequest(404, f"the model '{tenant}' does not exist; served: {', '.join(self.tenants)}",
+                             "model", "not_found_error")
+        return self.tokenizers[tenant]
+
     def check(self, tenant: str, ids: list[int], max_tokens: int | None, default_max: int) -> int:
         """The request's max_tokens once it is known to fit (`default_max` where not given, cut
         to the window), else `BadRequest`."""
-        if tenant not in self.limits:
-            raise BadRequest(404, f"the model '{tenant}' does not exist; served: {', '.join(self.tenants)}",
-                             "model", "not_found_error")
+        self.tokenizer(tenant)  # a served model
         if not ids:
             raise BadRequest(400, "the prompt is empty", "prompt")
         if max(ids) >= self.vocab[tenant] or min(ids) < 0:
