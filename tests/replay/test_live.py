@@ -187,3 +187,13 @@ def test_an_ended_request_is_forgotten_by_the_engine(setup, executor):
         run.close()
     eng = driver.replicas_of("a")[0].engine
     assert not eng.has_work() and eng.stop(rid, 0.0) is False
+
+
+def test_while_a_tenant_has_no_replica_only_its_models_window_limits_a_request(setup, executor):
+    driver = _live(setup, executor)
+    (rs,) = driver.replicas_of("a")
+    pool = rs.engine.max_model_len
+    driver.fleet.retire(rs)  # as a container move leaves it, until its new replica loads
+    assert driver.context_limit("a") == 8192  # llama-3-8b's window; the requests wait for a replica
+    driver.fleet.enlist(rs)
+    assert driver.context_limit("a") == min(pool, 8192)

@@ -101,7 +101,9 @@ class LiveDriver(ReplayDriver):
         context window, and the KV pool of its smallest serving replica."""
         pools = [rs.engine.max_model_len for rs in self.replicas_of(tenant) if not rs.guest]
         window = self.models[tenant].max_context
-        return min([*pools, *([window] if window else [])] or [0])
+        # with no replica serving just now (a container moving) a request waits for one: only its
+        # model's window holds it back
+        return min([*pools, *([window] if window else [])] or [2**62])
 
     def snapshot(self) -> dict:
         """The loop's latest gauges (read-only; replaced, never changed, every `SNAPSHOT_S`)."""
