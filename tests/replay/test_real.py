@@ -114,8 +114,13 @@ def test_a_tenant_whose_heads_do_not_split_over_its_devices_is_refused_in_one_li
         serve(real_setup(scenario(three), tmp_path), "dedicated")
 
 
-def test_a_scheduler_starting_replicas_without_weights_is_refused_in_one_line(tmp_path):
-    # one weight slot: each device holds its own tenant's model, the other tenant's replica starts cold
-    one_slot = real_setup(scenario(TWO + "\n    [schedulers.aegaeon]\n    weight_slots = 1\n"), tmp_path)
-    with pytest.raises(InputError, match=r"under aegaeon, a, b would start without weights .* host memory"):
-        serve(one_slot, "aegaeon")
+def test_aegaeon_switches_models_through_host_memory_and_requests_keep_their_kv(tmp_path):
+    """One weight slot per device and a burst of `a`: Aegaeon's instances switch models, each
+    switch an eviction and a load from host memory on the executor; steps placed before the
+    weights land wait for them, and requests keep their KV while their model is away."""
+    text = TWO.replace("rate = 8.0", "rate = 40.0").replace("rate = 4.0", "rate = 6.0")
+    one_slot = real_setup(scenario(text + "\n    [schedulers.aegaeon]\n    weight_slots = 1\n"), tmp_path)
+    run = serve(one_slot, "aegaeon")
+    assert run.loans["models_loaded"] >= 4 and run.result.stats.ooms == 0
+    assert all(r.is_finished for r in run.result.requests) and len(run.result.requests) > 30
+    assert mismatches(run.result.requests, eager_models(one_slot)) == []

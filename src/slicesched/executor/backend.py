@@ -140,7 +140,8 @@ class ExecutorBackend:
         if len(devices) > 1:  # tensor parallel over its home group: rank 0 on the first device
             self.served.home_group(graph.tenant, devices)
         device = devices[0]
-        self.served.model(graph.tenant, device)  # resident before its KV is charged (`alloc_kv`)
+        if self.served.resident(graph.tenant, device):  # a cold replica's step waits for its weight copies
+            self.served.model(graph.tenant, device)  # resident before its KV is charged (`alloc_kv`)
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self.served.add(h, graph, inputs, device, self.now)
         self.version += 1

@@ -101,6 +101,10 @@ class ModelSteps:
         self._host_bytes: dict[str, list[float]] = {}  # tenant -> bytes of each of its blocks
         self.wide = WideContext(executor, {}, {})
         self.steps: dict[int, Step] = {}
+        self.parked: dict[tuple[str, int], list[Step]] = {}  # (tenant, device) -> steps waiting for its weights
+        # (tenant, device) -> KV pools of a model whose weights were evicted: its requests keep their KV
+        # (charged apart, `alloc_kv`), and the model loaded there next takes the pools back
+        self.kept_pools: dict[tuple[str, int], dict] = {}
         self.running = 0
         self.loans = LoanStats()
         self.dispatch_s: list[float] = []
@@ -117,6 +121,10 @@ class ModelSteps:
             for d in np.flatnonzero((self.gmg.resident[tenant] > 0).all(axis=0)).tolist():
                 if (tenant, d) not in self.charged and not self._sharded(tenant, d):
                     self.model(tenant, d)
+
+    def resident(self, tenant: str, device: int) -> bool:
+        """Does the GMG hold every weight block of the tenant on `device` (whole or a shard)?"""
+        return bool((self.gmg.resident[tenant][:, device] > 0).all())
 
     def _sharded(self, tenant: str, device: int) -> bool:
         """Does the GMG hold only a shard of the tenant's blocks on `device` (a tensor-parallel home)?"""
@@ -247,8 +255,11 @@ class ModelSteps:
             if not set(blocks) <= set(self.charged.get(key, {})):  # evicted while it was copied
                 continue
             if isinstance(what, PagedModel):
+                what.pools.update(self.kept_pools.pop(key, {}))
                 self.models[key] = what
                 self.loans.models_loaded += 1
+                for st in self.parked.pop(key, []):  # steps placed before the weights landed run now
+                    self._start(st)
             else:
                 shards = self.wide.shards.setdefault(key, {})
                 shards.update(what)  # type: ignore[arg-type]
@@ -263,9 +274,11 @@ class ModelSteps:
             return
         self.ex.devices[ev.device].release(have.pop(ev.block), weights=True)
         self.wide.shards.get(key, {}).pop(ev.block, None)
-        if not have:  # nothing of the tenant left there: its model, shards and pools go
+        if not have:  # nothing of the tenant left there: its model and shards go (its KV pools stay)
             self.charged.pop(key)
-            self.models.pop(key, None)
+            gone = self.models.pop(key, None)
+            if gone is not None and gone.pools:
+                self.kept_pools[key] = gone.pools
             self.wide.shards.pop(key, None)
             for k in [k for k in self.wide.mirrors if k[1] == ev.device and k[0][0] == ev.tenant]:
                 del self.wide.mirrors[k]
@@ -308,6 +321,10 @@ class ModelSteps:
             self._start(st)
 
     def _start(self, st: Step) -> None:
+        key = (st.handle.tenant, st.home)
+        if key not in self.models and (self.charged.get(key) or not self.resident(*key)):
+            self.parked.setdefault(key, []).append(st)  # its weights are on their way (a cold replica's copies)
+            return
         model = self.model(st.handle.tenant, st.home)
         dev = self.ex.devices[st.home]
         key, events, clock, cluster, home_group = st.handle.key, self.events, self.ex.clock, self.gmg.cluster, -1

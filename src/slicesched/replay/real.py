@@ -194,10 +194,6 @@ def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: C
                   rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
                   backend=backend, device_memory_bytes=setup.device_memory_bytes)
     _check_groups(setup, scheduler, [(rs.replica.tenant, rs.replica.tp, rs.replica.pp) for rs in driver.replicas])
-    if driver.provisioning.cold:  # its weights would come from host memory, which the executor does not load yet
-        cold = sorted({driver.replicas[i].replica.tenant for i in driver.provisioning.cold})
-        raise InputError(f"under {scheduler}, {', '.join(cold)} would start without weights on some devices and "
-                         "load them from host memory when needed, which the executor does not run yet")
     return driver, made[0]
 
 
