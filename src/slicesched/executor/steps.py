@@ -322,8 +322,8 @@ class ModelSteps:
 
     def _start(self, st: Step) -> None:
         key = (st.handle.tenant, st.home)
-        if key not in self.models and (self.charged.get(key) or not self.resident(*key)):
-            self.parked.setdefault(key, []).append(st)  # its weights are on their way (a cold replica's copies)
+        if key not in self.models and self.charged.get(key):  # its weights are on their way: it waits for them
+            self.parked.setdefault(key, []).append(st)
             return
         model = self.model(st.handle.tenant, st.home)
         dev = self.ex.devices[st.home]
