@@ -28,7 +28,7 @@ def blocks_for(capacity_bytes: float, kv_bytes_per_token: float, block_tokens: i
 class KVBlockManager:
     """A fixed pool of ``num_blocks`` blocks of ``block_tokens`` tokens, allocated per request."""
 
-    __slots__ = ("num_blocks", "block_tokens", "_held", "_used")
+    __slots__ = ("num_blocks", "block_tokens", "_held", "_used", "_ids")
 
     def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
         if num_blocks < 0 or block_tokens <= 0:
@@ -37,6 +37,7 @@ class KVBlockManager:
         self.block_tokens = block_tokens
         self._held: dict[Hashable, int] = {}
         self._used = 0
+        self._ids: BlockIds | None = None  # a pool naming its blocks (real KV) keeps their free and lent ids
 
     def lend(self, n: int) -> bool:
         """Shrink the pool by ``n`` free blocks (memory lent to a guest on this device); False,
@@ -44,11 +45,20 @@ class KVBlockManager:
         if n < 0 or n > self.num_blocks - self._used:
             return False
         self.num_blocks -= n
+        if self._ids is not None:
+            self._ids.lend(n)
         return True
 
     def reclaim(self, n: int) -> None:
         """Take back ``n`` blocks lent earlier."""
         self.num_blocks += n
+        if self._ids is not None:
+            self._ids.reclaim(n)
+
+    @property
+    def num_ids(self) -> int:
+        """Block ids in use anywhere: the pool's blocks, lent ones included (ids stay below it)."""
+        return self.num_blocks + (len(self._ids.lent) if self._ids is not None else 0)
 
     def blocks_needed(self, n_tokens: int) -> int:
         """Blocks that hold ``n_tokens`` tokens."""
@@ -143,7 +153,7 @@ class PagedKVBlockManager(KVBlockManager):
     into the pool, as vLLM's block manager gives its model runner. Real serving needs them (the
     KV lives in real tensors indexed by these ids); the simulator needs counts alone."""
 
-    __slots__ = ("_ids", "_tables")
+    __slots__ = ("_tables",)
 
     def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
         super().__init__(num_blocks, block_tokens)
@@ -152,11 +162,6 @@ class PagedKVBlockManager(KVBlockManager):
 
     def block_table(self, req_id: Hashable) -> tuple[int, ...]:
         return tuple(self._tables.get(req_id, ()))
-
-    @property
-    def num_ids(self) -> int:
-        """Block ids in use anywhere: the pool's blocks, lent ones included (ids stay below it)."""
-        return self.num_blocks + len(self._ids.lent)
 
     def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
         have = self._held.get(req_id, 0)
@@ -168,13 +173,3 @@ class PagedKVBlockManager(KVBlockManager):
     def free(self, req_id: Hashable) -> int:
         self._ids.give(self._tables.pop(req_id, []))
         return super().free(req_id)
-
-    def lend(self, n: int) -> bool:
-        if not super().lend(n):
-            return False
-        self._ids.lend(n)
-        return True
-
-    def reclaim(self, n: int) -> None:
-        super().reclaim(n)
-        self._ids.reclaim(n)

@@ -178,7 +178,7 @@ class PagedPrefixCachingKV(PrefixCachingKV):
     request's block table is its cached prefix blocks (shared, by key) then its private ones; a
     private block that fills and becomes cached keeps its id (and its KV) under its key."""
 
-    __slots__ = ("_ids", "_private", "_key_block")
+    __slots__ = ("_private", "_key_block")
 
     def __init__(self, num_blocks: int, block_tokens: int = 16) -> None:
         super().__init__(num_blocks, block_tokens)
@@ -189,10 +189,6 @@ class PagedPrefixCachingKV(PrefixCachingKV):
     def block_table(self, req_id: Hashable) -> tuple[int, ...]:
         shared = [self._key_block[k] for k in self._shared.get(req_id, ())]
         return tuple(shared + self._private.get(req_id, []))
-
-    @property
-    def num_ids(self) -> int:
-        return self.num_blocks + len(self._ids.lent)
 
     def allocate(self, req_id: Hashable, n_tokens: int) -> bool:
         have = self._held.get(req_id, 0)
@@ -214,16 +210,6 @@ class PagedPrefixCachingKV(PrefixCachingKV):
 
     def _evicted(self, key: int) -> None:
         self._ids.give([self._key_block.pop(key)])
-
-    def lend(self, n: int) -> bool:
-        if not super().lend(n):
-            return False
-        self._ids.lend(n)
-        return True
-
-    def reclaim(self, n: int) -> None:
-        super().reclaim(n)
-        self._ids.reclaim(n)
 
 
 def token_keys(ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
