@@ -57,8 +57,6 @@ class Delivery:
     tokens: tuple[int, ...]
     done: bool = False
     reason: str | None = None
-    ttft_s: float = math.nan
-    tpot_s: float = math.nan
     error: str | None = None
 
 
@@ -203,7 +201,7 @@ class LiveDriver(ReplayDriver):
 
     def _close(self, rid: int, reason: str, error: str | None = None) -> None:
         live = self._open.pop(rid)
-        live.sink(Delivery(rid, (), True, reason, live.req.ttft_s, live.req.tpot_s, error))
+        live.sink(Delivery(rid, (), True, reason, error))
 
     def _gauges(self) -> dict:
         """Per tenant: requests waiting and running, KV blocks used and held; per device, the
@@ -221,5 +219,4 @@ class LiveDriver(ReplayDriver):
         busy = np.bincount(dev, weights=np.minimum(e, now) - s, minlength=self.cluster.num_devices) if len(dev) else \
             np.zeros(self.cluster.num_devices)
         return {"tenants": tenants, "device_busy_share": (busy / now).tolist(),
-                "loans": len(self.loans.leases), "guests": sum(rs.guest for rs in self.replicas),
-                "open_requests": len(self._open)}
+                "loans": len(self.loans.leases), "guests": sum(rs.guest for rs in self.replicas)}

@@ -64,7 +64,7 @@ class Metrics:
         r.register(_LoopGauges(snapshot))
 
     def ended(self, tenant: str, reason: str, prompt: int, generated: int, ttft: float | None, tpot: float | None,
-              violated: Callable[[int, float | None, float | None], bool] | None) -> None:
+              violated: bool) -> None:
         self.requests.labels(tenant, reason).inc()
         self.tokens.labels(tenant).inc(generated)
         self.prompt_tokens.labels(tenant).inc(prompt)
@@ -72,7 +72,7 @@ class Metrics:
             self.ttft.labels(tenant).observe(ttft)
         if tpot is not None:
             self.tpot.labels(tenant).observe(tpot)
-        if reason in ("length", "stop") and violated is not None and violated(prompt, ttft, tpot):
+        if violated:
             self.violations.labels(tenant).inc()
 
     def render(self) -> bytes:

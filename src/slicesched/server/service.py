@@ -74,13 +74,12 @@ class Output:
 
 class Service:
     def __init__(self, driver: LiveDriver, tokenizers: dict[str, Tokenizer], close: Callable[[], None],
-                 max_open: int = DEFAULT_MAX_OPEN, vocab: dict[str, int] | None = None,
-                 checkpoints: dict[str, str] | None = None) -> None:
+                 max_open: int = DEFAULT_MAX_OPEN, checkpoints: dict[str, str] | None = None) -> None:
         self.driver, self.tokenizers, self._close = driver, tokenizers, close
         self.checkpoints = checkpoints or {}  # tenant -> the checkpoint folder whose weights it serves
         self.tenants = list(tokenizers)
         self.limits = {t: driver.context_limit(t) for t in self.tenants}  # prompt + output tokens
-        self.vocab = vocab or {t: driver.models[t].vocab for t in self.tenants}
+        self.vocab = {t: driver.models[t].vocab for t in self.tenants}  # the served configs' vocabularies
         self.max_open = max_open
         self.open = 0  # requests in flight (read and written on the event loop only)
         self.metrics = Metrics(driver.snapshot)
@@ -102,8 +101,7 @@ class Service:
             executor.close()
             raise
         tokenizers = {t.name: tokenizer_for(setup.checkpoints.get(t.name)) for t in setup.scenario.tenants}
-        vocab = {t: int(setup.configs[t]["vocab_size"]) for t in setup.configs}
-        return cls(driver, tokenizers, executor.close, max_open, vocab, setup.checkpoints)
+        return cls(driver, tokenizers, executor.close, max_open, setup.checkpoints)
 
     # ---- life -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -204,16 +202,15 @@ class Service:
             self.open -= 1
             if reason in ("stop", "cancelled"):
                 self.driver.cancel(rid)  # frees its KV (a no-op if it ended already)
-            self.metrics.ended(tenant, reason, len(ids), n, first and first - t0,
-                               (last - first) / (n - 1) if n > 1 else None, self._sla(tenant))
+            ttft, tpot = first and first - t0, (last - first) / (n - 1) if n > 1 else None
+            violated = reason in ("length", "stop") and self._violates(tenant, len(ids), ttft, tpot)
+            self.metrics.ended(tenant, reason, len(ids), n, ttft, tpot, violated)
 
-    def _sla(self, tenant: str) -> Callable[[int, float | None, float | None], bool] | None:
+    def _violates(self, tenant: str, prompt: int, ttft: float | None, tpot: float | None) -> bool:
+        """A finished request beyond its tenant's SLO for its prompt (False without an SLA)."""
         sla = self.driver.slas.get(tenant)
         if sla is None:
-            return None
-
-        def violated(prompt: int, ttft: float | None, tpot: float | None) -> bool:
-            p = np.array([prompt])
-            return bool(ttft is None or ttft > float(sla.ttft_for(p)[0])
-                        or tpot is not None and tpot > float(sla.tpot_for(p)[0]))
-        return violated
+            return False
+        p = np.array([prompt])
+        return bool(ttft is None or ttft > float(sla.ttft_for(p)[0])
+                    or tpot is not None and tpot > float(sla.tpot_for(p)[0]))

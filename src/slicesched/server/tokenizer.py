@@ -88,7 +88,7 @@ class HFTokenizer:
     def chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         if getattr(self._tok, "chat_template", None):
             ids = self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # an encoding, or the ids
         return self.encode(template_chat(messages))
 
     def decode(self, ids: Sequence[int]) -> str:
