@@ -212,22 +212,32 @@ def test_a_full_server_answers_429_with_retry_after(server):
             conn.close()
 
 
+def _cancelled(url: str, tenant: str) -> float:
+    return _metrics(url).get(("slicesched_requests_total", (("reason", "cancelled"), ("tenant", tenant))), 0.0)
+
+
+def _assert_cancelled_and_freed(url: str, tenant: str, before: float) -> None:
+    """Within 5 s /metrics counts one more cancelled request of `tenant` and no KV block in use
+    (the request would otherwise run thousands of tokens longer)."""
+    kv = ("slicesched_kv_blocks_used", (("tenant", tenant),))
+    end, m = time.monotonic() + 5, {}
+    while time.monotonic() < end:
+        m = _metrics(url)
+        if _cancelled(url, tenant) > before and m[kv] == 0:
+            break
+        time.sleep(0.1)
+    assert _cancelled(url, tenant) == before + 1 and m[kv] == 0
+
+
 def test_a_client_that_disconnects_mid_stream_has_its_request_cancelled_and_kv_freed(server):
     url = server[1]
-    key = ("slicesched_requests_total", (("reason", "cancelled"), ("tenant", "a")))
-    before = _metrics(url).get(key, 0.0)
+    before = _cancelled(url, "a")
     conn, resp = _open_stream(url, "a", 4000)
     assert resp.readline().startswith(b"data: ")
     time.sleep(0.3)  # a snapshot taken while it runs
     assert _metrics(url)[("slicesched_kv_blocks_used", (("tenant", "a"),))] > 0
     conn.close()
-    end, m = time.monotonic() + 5, {}
-    while time.monotonic() < end:
-        m = _metrics(url)
-        if m.get(key, 0.0) > before and m[("slicesched_kv_blocks_used", (("tenant", "a"),))] == 0:
-            break
-        time.sleep(0.1)
-    assert m.get(key, 0.0) == before + 1 and m[("slicesched_kv_blocks_used", (("tenant", "a"),))] == 0
+    _assert_cancelled_and_freed(url, "a", before)
 
 
 def test_metrics_count_what_was_served(server, client):
@@ -253,18 +263,11 @@ def test_models_and_health(server):
 
 def test_a_client_that_disconnects_before_a_whole_response_has_its_request_cancelled(server):
     url = server[1]
-    key = ("slicesched_requests_total", (("reason", "cancelled"), ("tenant", "b")))
-    before = _metrics(url).get(key, 0.0)
+    before = _cancelled(url, "b")
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     conn.request("POST", "/v1/completions", _js(model="b", prompt="go on", max_tokens=6000),
                  {"Content-Type": "application/json"})
     time.sleep(0.5)  # running, not answered yet
     conn.close()
-    end, m = time.monotonic() + 5, {}
-    while time.monotonic() < end:
-        m = _metrics(url)
-        if m.get(key, 0.0) > before and m[("slicesched_kv_blocks_used", (("tenant", "b"),))] == 0:
-            break
-        time.sleep(0.1)
-    assert m.get(key, 0.0) == before + 1 and m[("slicesched_kv_blocks_used", (("tenant", "b"),))] == 0
+    _assert_cancelled_and_freed(url, "b", before)
