@@ -71,6 +71,9 @@ class Provisioning:
 
     cold: frozenset[int] = frozenset()
     kv_weights: tuple[float, ...] | None = None
+    # (tenant, device, share of the device's SMs) where the backend shares devices spatially
+    # (an MPS active-thread percentage): the tenant's kernels there use at most that share
+    sm_shares: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

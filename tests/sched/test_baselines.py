@@ -65,6 +65,17 @@ def test_temporal_mux_merges_an_overloaded_tenant_with_an_idle_one():
     assert out == (("a", (0, 1)), ("b", (0, 1)))
 
 
+def test_temporal_mux_caps_each_mates_sms_at_what_the_others_decode_leaves():
+    mux = TemporalMuxScheduler({"a": "llama-2-7b", "b": "llama-2-7b", "c": "llama-2-13b"})
+    demand = {"a": TenantDemand(40.0, 1024, 128), "b": TenantDemand(0.2, 512, 64)}
+    out = mux.deployment((("a", (0,)), ("b", (1,)), ("c", (2, 3))), demand)
+    assert out == (("a", (0, 1)), ("b", (0, 1)), ("c", (2, 3)))
+    shares = mux.provisioning(out).sm_shares
+    assert {(t, d) for t, d, _ in shares} == {("a", 0), ("a", 1), ("b", 0), ("b", 1)}  # c runs alone: no cap
+    for _, _, share in shares:
+        assert 0.5 <= share < 1.0  # a decode step needs some SMs to keep HBM busy, never more than half
+
+
 class _View:
     def __init__(self, reps, parked=None):
         self.reps, self._parked = reps, parked or {}

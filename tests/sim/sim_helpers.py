@@ -13,6 +13,7 @@ from slicesched.hardware import Cluster, Container
 from slicesched.models.spec import ModelSpec
 from slicesched.sched.interface import SchedulerDecision, SlicePlacement
 from slicesched.sim import Prediction, Simulator
+from slicesched.sim.contention import SharingModel
 
 COST = RooflineCostModel()
 
@@ -67,6 +68,7 @@ class Case:
     streams: int
     slowdown: float
     kv: list[tuple[int, float, str]]  # (device, bytes, tenant) allocated before the decision
+    sharing: SharingModel | None = None  # overlapping slices share SMs and bandwidth (replaces streams)
 
 
 @st.composite
@@ -105,12 +107,21 @@ def cases(draw: st.DrawFn) -> Case:
             room = draw(st.integers(0, 200_000))
             used = float(gmg.mem_used()[d])
             kv.append((d, float(gmg.capacity_bytes[d]) - used - room, sorted(tenants)[0]))
-    return Case(gmg, SchedulerDecision(0.0, tuple(placements)), draw(st.floats(5e-5, 3e-3)),
-                draw(st.sampled_from([1, 1, 2])), draw(st.sampled_from([0.0, 0.25])), kv)
+    streams, slowdown = draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([0.0, 0.25]))
+    sharing = None
+    if streams > 2:  # spatial sharing, some tenants' SMs capped on device 0; tiny models' slices
+        # hold few SMs, so a high floor makes overlapping ones contend
+        caps = tuple((t, 0, draw(st.floats(0.01, 1.0))) for t in sorted(tenants) if draw(st.booleans()))
+        sharing = SharingModel(streams=draw(st.integers(2, 3)), partitions=caps,
+                               min_sm=draw(st.sampled_from([1 / 16, 0.6, 1.0])))
+        streams, slowdown = 1, 0.0
+    return Case(gmg, SchedulerDecision(0.0, tuple(placements)), draw(st.floats(5e-5, 3e-3)), streams, slowdown,
+                kv, sharing)
 
 
 def case_sim(c: Case, **kw) -> Simulator:
-    sim = Simulator(c.gmg.fork(), COST, streams_per_device=c.streams, stream_slowdown=c.slowdown, **kw)
+    sim = Simulator(c.gmg.fork(), COST, streams_per_device=c.streams, stream_slowdown=c.slowdown,
+                    sharing=c.sharing, **kw)
     for d, nbytes, t in c.kv:
         sim.alloc_kv(d, nbytes, t)
     return sim

@@ -305,6 +305,9 @@ class ReplayConfig(_Strict):
     prefix_caching: bool = Field(False, description="share a tenant's full prompt blocks between its requests "
                                  "as vLLM's automatic prefix caching does, keyed by the trace's prefix hashes "
                                  "(Mooncake's hash_ids); requests without hashes find nothing cached")
+    spatial_sharing: bool = Field(False, description="devices run slices of several streams at once "
+                                  "(MPS, stream priorities): overlapping slices share SMs and HBM bandwidth, "
+                                  "a device's owners before guests (off: one slice at a time per device)")
     over_context: Literal["truncate", "reject"] = Field(
         "truncate", description="a request whose prompt + output exceeds its model's context window: "
         "'truncate' cuts the output (and, if the prompt alone is too long, keeps its last tokens) to "

@@ -31,7 +31,8 @@ from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_t
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec
 from slicesched.replay.attribution import Attribution
-from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
+from slicesched.replay.deployment import (Replica, build_cluster, default_replicas, kv_pool_bytes, replica_owners,
+                                         tenant_demands)
 from slicesched.replay.events import EventQueue, Kind
 from slicesched.replay.fleet import Fleet
 from slicesched.replay.loans import Loans
@@ -44,7 +45,7 @@ from slicesched.sched.interface import Backend, Scheduler, WhatIf
 from slicesched.sched.policies import BatchSetting, CacheAffinity, queued_prefill_s
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PagedPrefixCachingKV, PrefixCachingKV,
                                 Request, RequestState, TenantEngine, blocks_for, count_violations)
-from slicesched.sim import Perturbation, Simulator
+from slicesched.sim import Perturbation, SharingModel, Simulator
 from slicesched.sim.lane import IterationLane, LaneUnsafe
 from slicesched.sim.trace import TRACE_WINDOW_US, trim_trace
 from slicesched.traces import Trace
@@ -132,13 +133,15 @@ class ReplayDriver:
         if device_memory_bytes is not None:
             self.gmg.capacity_bytes[:] = device_memory_bytes
         noise = Perturbation(seed=sc.seed, duration_cv=sc.replay.perturbation_cv)
+        plan = self.provisioning = scheduler.provisioning(pairs)  # cold: weights loaded later, by its copies
+        sharing = SharingModel(partitions=plan.sm_shares) if sc.replay.spatial_sharing else None
         on_lane = (lane and backend is None and not record_timeline and scheduler.home_only
-                   and scheduler.wake_on() == "iteration")
+                   and scheduler.wake_on() == "iteration" and sharing is None)
         self._lane = IterationLane(self.gmg, self.cost, noise) if on_lane else None
         self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
-                                 or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline))
+                                 or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline,
+                                              sharing=sharing, owners=replica_owners(replicas, self.cluster)))
         self._no_decision = SchedulerDecision(0.0)  # what a home-only scheduler leaves the lane to do
-        plan = self.provisioning = scheduler.provisioning(pairs)  # cold: weights loaded later, by its copies
         pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization, plan)
         self.fleet = Fleet([self.start_replica(r, pool, i not in plan.cold)
                             for i, (r, pool) in enumerate(zip(replicas, pools))])
@@ -151,8 +154,7 @@ class ReplayDriver:
         self.events = EventQueue([r.arrival_s for r in self.requests])  # arrivals and timers
         self.ooms: list[OOMEvent] = []
         self._kv_ooms: list[OOMEvent] = []  # OOMs of KV charges since the last outcome (handled at once)
-        self.iterations = 0
-        self._arrived = 0  # requests of the trace routed so far
+        self.iterations, self._arrived = 0, 0  # iterations run; requests of the trace routed so far
         self._stalls = 0  # steps in a row in which the backend reported no progress
         self.rejected = 0
         self.over_context = 0

@@ -31,9 +31,10 @@ from slicesched.gmg.ops import BatchShape
 from slicesched.hardware.cluster import Cluster
 from slicesched.hardware.specs import LINKS, device_spec, link_spec
 from slicesched.models.spec import model_spec
-from slicesched.sched.interface import (SCHEDULERS, ContainerMove, ReplicaLoad, Scheduler,
+from slicesched.sched.interface import (SCHEDULERS, ContainerMove, Provisioning, ReplicaLoad, Scheduler,
                                         SchedulerDecision, ServingView, SlicePlacement, TenantDemand)
 from slicesched.sched.policies import Deadline, PredictedTTFT, TPOTBudget
+from slicesched.sim.contention import SharingModel, demand
 
 
 def home_placements(gmg: GlobalMappingGraph) -> tuple[SlicePlacement, ...]:
@@ -94,6 +95,10 @@ def least_of(per_device: float | np.ndarray, devices: tuple[int, ...]) -> float:
     return float(np.min(np.asarray(per_device)[list(devices)]))
 
 
+SHARING = SharingModel()  # how the simulator shares a device spatially: what temporal-mux sizes SM shares by
+MIN_SM_SHARE = 0.5  # a co-located tenant's kernels keep at least half the SMs
+
+
 def _served(rate: float, util: float) -> float:
     """Requests per second a group at utilization `util` serves of `rate` offered."""
     return rate * min(1.0, 1.0 / util) if util > 0 else rate
@@ -109,6 +114,7 @@ class _Share:
     rate: float  # requests per second sent to this replica
     prefill_s: float
     output: float
+    decode_sm: float  # share of the SMs its decode steps need alone (spatial sharing's demand)
 
 
 @SCHEDULERS.register("temporal-mux")
@@ -136,11 +142,18 @@ class TemporalMuxScheduler(Scheduler):
       `min_kv_frac` of the usable memory, and room for both tenants' KV working set before
       queueing (Little's law: rate x (prefill + mean output x one round) x mean context).
 
+    Spatial multiplexing, where the scenario shares devices spatially (`[replay]
+    spatial_sharing`): the mates' iterations run at once (a prefill of one beside a decode of
+    the other, as MuxServe runs them under MPS), each tenant's kernels capped at a share of the
+    SMs (`Provisioning.sm_shares`, MPS percentages): all but the SMs its mate's decode steps
+    need to keep HBM saturated (the simulator's demand of a 32-sequence decode step), and never
+    below half. Our reading of MuxServe's quotas, not its enumeration of SM splits. Without
+    spatial sharing the mates' iterations interleave in time.
+
     A replica no mate fits stays alone. Without a forecast every load is zero and pairing
-    follows scenario order. Left out: MuxServe's unequal compute shares per tenant (SM
-    partitioning and its ADBS batching; here iterations simply interleave), its choice of
-    mesh sizes (containers keep the scenario's sizes, two merge into one of twice the size),
-    groups of more than two tenants, and re-planning when the load changes.
+    follows scenario order. Left out: MuxServe's ADBS batching, its choice of mesh sizes
+    (containers keep the scenario's sizes, two merge into one of twice the size), groups of
+    more than two tenants, and re-planning when the load changes.
     """
 
     name = "temporal-mux"
@@ -162,6 +175,7 @@ class TemporalMuxScheduler(Scheduler):
         self.tpot_slo = dict(tpot_slo or {})  # tenant -> (absolute TPOT SLO or None, SLA scale)
         self.max_util = max_util  # a merge for latency keeps 1 - max_util of headroom for bursts
         self.min_kv_frac = min_kv_frac
+        self._sm_shares: tuple[tuple[str, int, float], ...] = ()  # set by `deployment`
 
     @classmethod
     def from_scenario(cls, scenario) -> "TemporalMuxScheduler":
@@ -204,9 +218,21 @@ class TemporalMuxScheduler(Scheduler):
             if best is not None:
                 mate[i], mate[best[1]] = best[1], i
         out = []
+        shares = []
         for i, (t, devs) in enumerate(default):
-            out.append((t, tuple(sorted(devs + default[mate[i]][1])) if i in mate else devs))
+            union = tuple(sorted(devs + default[mate[i]][1])) if i in mate else devs
+            out.append((t, union))
+            if i in mate:  # MuxServe's SM quotas: room kept for the mate's decode steps
+                other = share(mate[i], union)
+                keep = other.decode_sm if other is not None else 0.0
+                shares += [(t, d, max(MIN_SM_SHARE, 1.0 - keep)) for d in union]
+        self._sm_shares = tuple(shares)
         return tuple(out)
+
+    def provisioning(self, replicas: Replicas) -> Provisioning:
+        """Each replica merged with a mate runs its kernels on at most the share of the SMs its
+        mate's decode steps leave (an MPS percentage), where devices are shared spatially."""
+        return Provisioning(sm_shares=self._sm_shares)
 
     def _share(self, tenant: str, d: TenantDemand, devices: tuple[int, ...]) -> _Share | None:
         """The replica's predicted use of `devices` (None: the model cannot shard over them)."""
@@ -231,7 +257,9 @@ class TemporalMuxScheduler(Scheduler):
         step1, step32 = secs(BatchShape.decode(1, ctx)), secs(BatchShape.decode(32, ctx))
         per_token = max(step32 - step1, 0.0) / 31
         util = d.rate_rps * (prefill + d.mean_output * per_token)
-        return _Share(util, step1, ctx, d.rate_rps, prefill, d.mean_output)
+        g = build_iteration(m, BatchShape.decode(32, ctx), tp)
+        sm, _ = demand(g.flops.sum(), (g.bytes_read + g.bytes_written).sum(), np.float64(step32), device, SHARING)
+        return _Share(util, step1, ctx, d.rate_rps, prefill, d.mean_output, float(sm))
 
     def _merge_gain(self, a: str, b: str, sa: _Share | None, sb: _Share | None, alone_a: _Share | None,
                     alone_b: _Share | None, devices: tuple[int, ...]) -> tuple[float, float] | None:

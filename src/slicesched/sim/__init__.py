@@ -14,7 +14,8 @@ Execution model:
   reservation);
 - a running slice occupies one stream on every device of its group for the sum of its ops'
   durations (ops run back to back; their times are derived from a cumulative sum on demand),
-  slowed by `1 + stream_slowdown * k` where k counts other slices on those devices at its start;
+  slowed by `1 + stream_slowdown * k` where k counts other slices on those devices at its start,
+  or, with spatial sharing (`contention.py`), at rates that follow who runs beside it;
 - a slice's output moves to each consumer on another group as soon as both the slice is done and
   the consumer is mapped; weight copies move blocks from a peer device or host memory;
 - memory follows `memory.py`; an activation that does not fit is an OOM: the slice (or the
@@ -28,10 +29,11 @@ event), `Timings` (slice timings in use), `Forks` (fork plans and focus), `Outco
 run reports) and `Lifecycle` (iterations ending, the driver's KV).
 """
 
+from slicesched.sim.contention import SharingModel
 from slicesched.sim.engine import Simulator
 from slicesched.sim.events import Prio, SimulationError
 from slicesched.sim.incremental import Incremental
 from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.prediction import Prediction
 
-__all__ = ["Simulator", "Prio", "SimulationError", "Incremental", "Perturbation", "Prediction"]
+__all__ = ["Simulator", "SharingModel", "Prio", "SimulationError", "Incremental", "Perturbation", "Prediction"]

@@ -23,6 +23,7 @@ from slicesched.cost.model import CostModel
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.decisions import OOMEvent, SchedulerDecision, StepOutcome
+from slicesched.sim.contention import Sharing, SharingModel, rerun
 from slicesched.sim.events import Event, Prio
 from slicesched.sim.forks import Forks, MappingReads, rebuild_heap, retimed
 from slicesched.sim.iterinfo import IterInfo
@@ -51,6 +52,8 @@ class Simulator(BytesOnlyKV):
 
     perturbation: reality's deviation from the cost model (None: predict exactly by it);
     streams_per_device / stream_slowdown: concurrent slices per device and their mutual slowdown;
+    sharing: instead, overlapping slices share a device's SMs and HBM at rates recomputed as slices
+    start and end, owners' first (`contention.py`); owners: per device, whose work is the owner's;
     record: keep every slice, transfer and memory change for timelines and `perfetto()` (peaks,
     completions and OOMs are always kept); segments: run chains as segments in `run`/`simulate`.
     After construction, change memory and weights through the simulator (`alloc_kv`, decisions),
@@ -59,23 +62,24 @@ class Simulator(BytesOnlyKV):
 
     def __init__(self, gmg: GlobalMappingGraph, cost_model: CostModel, perturbation: Perturbation | None = None,
                  streams_per_device: int = 1, stream_slowdown: float = 0.0, record: bool = True,
-                 segments: bool = False, now: float = 0.0) -> None:
+                 segments: bool = False, now: float = 0.0, sharing: SharingModel | None = None,
+                 owners: Sequence[frozenset[str]] | None = None) -> None:
         if streams_per_device < 1 or stream_slowdown < 0:
             raise ValueError("streams_per_device must be >= 1 and stream_slowdown >= 0")
+        if sharing is not None and (stream_slowdown or streams_per_device != 1):
+            raise ValueError("sharing sets the streams and their slowdown: give it alone")
         self._sh = SharedCaches(gmg, cost_model)
         self._owner = True  # owns the shared caches (forks and checkpoints do not)
         self.kept_below = 0  # iterations (keys) whose structure a recorded timeline names
-        self.gmg = gmg
-        self.perturbation = perturbation
-        self.streams = streams_per_device
+        self.gmg, self.perturbation, self.segments, self.now = gmg, perturbation, segments, now
+        self.streams = sharing.streams if sharing is not None else streams_per_device
         self.stream_slowdown = stream_slowdown
-        self.segments = segments
-        self.now = now
         self.net = Network(self._sh.paths)
         self.mem = MemoryLedger(gmg, now, record)
         self._heap: list[Event] = []
         self._running: dict[int, Run] = {}
-        self._init_core(now, [streams_per_device] * gmg.cluster.num_devices, ReadyQueue())
+        self._init_core(now, [self.streams] * gmg.cluster.num_devices, ReadyQueue())
+        self.share = Sharing.build(sharing, self._sh.timing, gmg, owners)  # None without sharing
         self._init_parts(Timings(self._sh.timing, perturbation), Residency(self), Placement(self), Segments(self))
         self.out = Outcomes({k: it.graph.tenant for k, it in gmg.iterations.items()}, record)
 
@@ -90,10 +94,7 @@ class Simulator(BytesOnlyKV):
         self.reads: MappingReads | None = None  # a recording copy's mapping reads (incremental)
 
     def _init_parts(self, timings: Timings, res: Residency, placement: Placement, segs: Segments) -> None:
-        self.timings = timings
-        self.res = res
-        self.placement = placement
-        self.segs = segs
+        self.timings, self.res, self.placement, self.segs = timings, res, placement, segs
         self.forks = Forks(self)
         self.life = Lifecycle(self)
 
@@ -207,14 +208,6 @@ class Simulator(BytesOnlyKV):
             ev += self.placement.place(p)
         ev += self._dispatch()
         self._push(ev)
-
-    def step(self) -> bool:
-        """Process the next event; False when none is left."""
-        self.gmg.defer(None)
-        if self.next_time() == INF:
-            return False
-        self.process()
-        return True
 
     def run(self, until: float = INF) -> StepOutcome:
         """Process every event up to `until`, then set the clock to `until` (when finite)."""
@@ -350,13 +343,17 @@ class Simulator(BytesOnlyKV):
         self.placement.release(s, info, j, g, devs)
         succ = info.gsuccs[j]
         newly, fin = self.gmg.finish_on(s, self.now, run.start, devs, info.key, succ)
+        if self.share is not None:  # neighbours speed up; the timeline spreads its ops over its whole run
+            rerated, run = rerun(self, self.share.end(s, self.now)), self.share.averaged(run, self.now)
         self.out.slice_done(self.stamp, s, run, self.now)
         if newly and len(succ) == 1 and not self.queue.items and self.reads is None and self._next_here(succ[0], g):
             # the chain goes on here and nothing else waits: queueing the next slice and
             # dispatching the queue would start exactly it, now (an incremental base run, which
             # notes mapping reads in `_successors`, takes the general path)
-            return self._start(succ[0], g, devs, info)
+            ev = self._start(succ[0], g, devs, info)
+            return ev + rerated if self.share is not None else ev
         ev = self._successors(s, info, j, g, succ, newly) if succ else []
+        ev += rerated if self.share is not None else ()
         if fin is not None:
             self.out.iteration_done(self.stamp, fin, self.now)
             if self._hits is not None:
@@ -438,6 +435,8 @@ class Simulator(BytesOnlyKV):
         self._ver = ver = self._ver + 1
         run = _new_run(Run, (g, now, now + timing.slice_dur[j] * scale, info, j, timing, scale, co, ver, None))
         self._running[s] = run
+        if self.share is not None:  # its rate and its neighbours' follow from who runs beside it
+            return rerun(self, self.share.start(s, info, j, g, devs, timing.slice_dur[j] * scale, now))
         if self.segments:
             return self.segs.try_segment(s, run, devs)
         return [(run.end, _SLICE_END, s, ver)]
@@ -460,7 +459,7 @@ class Simulator(BytesOnlyKV):
             free[d] += 1
         self._free_mem(devs, run.info.inter[run.local] + run.info.out[run.local], ACT)
         self.placement.free_inbound(s)
-        return []
+        return rerun(self, self.share.end(s, self.now)) if self.share is not None else []
 
     # ==== lookups ======================================================================
     def _devs(self, g: int) -> tuple[int, ...]:
@@ -560,9 +559,11 @@ class Simulator(BytesOnlyKV):
         f.out = Outcomes({k: t for k, t in self.tracked.items() if held is None or k in held}, True)
         if plan is not None:
             f._running, f.queue, f._heap = dict(plan[0]), plan[3].copy(), list(plan[4])
+            f.share = plan[5].copy() if plan[5] is not None else None  # the plan's own stays as it was
         else:
             runs = self._running if focus is None else {s: r for s, r in self._running.items() if inside(r.group)}
-            f._running = {s: retimed(self, r) for s, r in runs.items()} if retime else dict(runs)
+            f.share = self.share.copy(runs) if self.share is not None else None
+            f._running = {s: retimed(self, s, r, f.share) for s, r in runs.items()} if retime else dict(runs)
             f._heap = rebuild_heap(f._running, f.net)
         segs = self.segs.copy_for(f, focus) if plan is None else Segments(f).restored(plan[1], plan[2])
         f._init_parts(Timings(self._sh.timing, None), self.res.copy_for(f), self.placement.copy_for(f, held), segs)
@@ -570,7 +571,9 @@ class Simulator(BytesOnlyKV):
 
     def running_state(self) -> tuple:
         """Running slices, segments, queue and heap: a fork's plan, reused by later forks of one state."""
-        return dict(self._running), list(self.segs.on), self.segs.n, self.queue.copy(), list(self._heap)
+        share = self.share.copy() if self.share is not None else None  # the fork simulates on: a copy
+        return dict(self._running), list(self.segs.on), self.segs.n, self.queue.copy(), list(self._heap), share
+
 
     @property
     def event_key(self) -> tuple:

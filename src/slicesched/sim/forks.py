@@ -31,6 +31,7 @@ from slicesched.sim.segments import Segment
 from slicesched.sim.state import Run
 
 if TYPE_CHECKING:
+    from slicesched.sim.contention import Sharing
     from slicesched.sim.engine import Simulator
 
 
@@ -210,9 +211,14 @@ class MappingReads:
                 self.first.setdefault(x, first_event)
 
 
-def retimed(sim: "Simulator", r: Run) -> Run:
-    """A running slice as the cost model sees it: unperturbed duration, not before now."""
+def retimed(sim: "Simulator", s: int, r: Run, share: "Sharing | None" = None) -> Run:
+    """A running slice as the cost model sees it: unperturbed duration, not before now. On
+    shared devices (`share`, the copy's), the work it has left scaled to the cost model's."""
     base = sim._sh.timing.get(r.info.key, r.info.graph, r.info.model, r.group)
+    if share is not None:
+        was = r.timing.slice_dur[r.local]
+        end = share.retime(s, base.slice_dur[r.local] / was if was > 0 else 1.0, sim.now)
+        return r._replace(end=max(end, sim.now), timing=base)
     scale = 1.0 + sim.stream_slowdown * r.co if r.co else 1.0
     end = max(r.start + base.slice_dur[r.local] * scale, sim.now)
     return r._replace(end=end, timing=base, scale=scale)
@@ -237,6 +243,8 @@ def digest(sim: "Simulator") -> tuple:
     flows = tuple(sorted(f.state() for f in sim.net.flows.values())) + tuple(sorted(sim.net.dirty))
     mem = tuple(np.concatenate(sim.mem.arrays).tolist())
     p = sim.placement
+    if sim.share is not None:
+        running += sim.share.state()
     return (running, tuple(q[:3] for q in sim.queue.items), tuple(sorted(p.outputs.items())),
             tuple(sorted(p.inbound.items())), tuple(sorted(sim.res.waiting.items())), flows, mem,
             tuple(sim.gmg.raw_ready().tolist()), tuple(sim._free), sim.res.version)
@@ -255,7 +263,7 @@ def same_state(sim: "Simulator", d: tuple) -> bool:
             and tuple(np.concatenate(sim.mem.arrays).tolist()) == d[6]
             and tuple(sim.gmg.raw_ready().tolist()) == d[7]
             and tuple(sorted(f.state() for f in sim.net.flows.values())) + tuple(sorted(sim.net.dirty)) == d[5]
-            and digest(sim)[0] == d[0])
+            and digest(sim)[0] == d[0])  # (with sharing, the rates and work left are in it)
 
 
 def _seg_id(seg: Segment | None) -> tuple | None:

@@ -115,6 +115,8 @@ class Segments:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, _SLICE_END, s, run.version)]
+        if self.sim.share is not None:  # rates change as neighbours start and end: per-slice events
+            return plain
         seg_on = self.on
         for d in devs:
             if seg_on[d] is not None:  # another stream's segment guards them

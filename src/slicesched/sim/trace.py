@@ -1,8 +1,9 @@
 """A run's timeline as Chrome/Perfetto trace JSON (open in ui.perfetto.dev or chrome://tracing).
 
 Tracks: one process per device with a "slices" thread and an "ops" thread (complete events,
-every op of every recorded slice from its cumulative-sum timing) and a memory counter track per
-category; one "network" process with a thread per link resource carrying transfers. Times are
+every op of every recorded slice from its cumulative-sum timing), a further pair per stream where
+slices overlap on a shared device (each slice tagged owner or guest, its priority there), and a
+memory counter track per category; one "network" process with a thread per link resource carrying transfers. Times are
 microseconds, as the format wants. Needs a simulator built with `record=True`.
 """
 
@@ -26,8 +27,10 @@ def chrome_trace(sim: "Simulator", ops: bool = True) -> dict[str, Any]:
     """The trace as a JSON-ready dict: {"traceEvents": [...], "displayTimeUnit": "ms"}."""
     n = sim.gmg.cluster.num_devices
     events: list[dict[str, Any]] = _metadata(n)
-    for row in _slice_rows(sim):
-        events += _slice_events(sim, row, ops)
+    tracks = _Tracks(n)
+    for row in sorted(_slice_rows(sim), key=lambda r: (r[3], r[1])):
+        events += _slice_events(sim, row, ops, tracks)
+    events += tracks.metadata()
     events += _flow_events(sim, n)
     events += _memory_events(sim, n)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
@@ -53,24 +56,55 @@ def _slice_rows(sim: "Simulator") -> list[tuple]:
     return rows
 
 
-def _slice_events(sim: "Simulator", row: tuple, ops: bool) -> list[dict[str, Any]]:
+class _Tracks:
+    """Which stream's track each slice lies on: per device, the first whose last slice has ended."""
+
+    def __init__(self, n: int) -> None:
+        self.ends: list[list[float]] = [[] for _ in range(n)]
+
+    def take(self, d: int, start: float, end: float) -> int:
+        ends = self.ends[d]
+        for k, e in enumerate(ends):
+            if e <= start:
+                ends[k] = end
+                return k
+        ends.append(end)
+        return len(ends) - 1
+
+    def metadata(self) -> list[dict[str, Any]]:
+        return [{"name": "thread_name", "ph": "M", "pid": d, "tid": _tid(k, ops), "args": {"name": f"stream {k} {what}"}}
+                for d, ends in enumerate(self.ends) for k in range(1, len(ends))
+                for ops, what in ((False, "slices"), (True, "ops"))]
+
+
+def _tid(stream: int, ops: bool) -> int:
+    """Stream 0 keeps threads 1 (slices) and 2 (ops); stream k takes 2k + 1 and 2k + 2."""
+    return 2 * stream + (2 if ops else 1)
+
+
+def _slice_events(sim: "Simulator", row: tuple, ops: bool, tracks: _Tracks) -> list[dict[str, Any]]:
     _, s, g, start, end, key, local, scale, timing = row
     info = sim._sh.infos.get(key)
     tenant = info.tenant if info is not None else "?"
     out = []
     name = f"{tenant} it{key} s{local}"
-    for d in sim.gmg.cluster.group(g):
+    devs = sim.gmg.cluster.group(g)
+    streams = [tracks.take(d, start, end) for d in devs]
+    args: dict[str, Any] = {"slice": s, "group": g, "tenant": tenant}
+    if sim.share is not None:
+        args["priority"] = "guest" if sim.share.priority(tenant, devs) else "owner"
+    for d, k in zip(devs, streams):
         out.append({"name": name, "cat": "slice", "ph": "X", "ts": start * _US, "dur": (end - start) * _US,
-                    "pid": d, "tid": 1, "args": {"slice": s, "group": g, "tenant": tenant}})
+                    "pid": d, "tid": _tid(k, False), "args": args})
     if ops and info is not None:
         t0, t1 = timing.op_times(local, start, scale)
         a = int(timing.slice_first[local])
         kinds = info.graph.kind if len(info.graph.kind) == len(timing.op_dur) else None
         for i, (b, e) in enumerate(zip(t0.tolist(), t1.tolist())):
             op = _OP_NAMES.get(int(kinds[a + i]), "op") if kinds is not None else "op"
-            for d in sim.gmg.cluster.group(g):
+            for d, k in zip(devs, streams):
                 out.append({"name": op, "cat": "op", "ph": "X", "ts": b * _US, "dur": (e - b) * _US,
-                            "pid": d, "tid": 2, "args": {"slice": s}})
+                            "pid": d, "tid": _tid(k, True), "args": {"slice": s}})
     return out
 
 

@@ -1,0 +1,115 @@
+"""Spatial sharing in the simulator: overlapping slices share a device's SMs and HBM bandwidth."""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import COST, tiny, world
+
+from slicesched.gmg import BatchShape, Grain, build_iteration
+from slicesched.sched.interface import SchedulerDecision, SlicePlacement
+from slicesched.sim import Simulator
+from slicesched.sim.contention import HIGH, LOW, Share, Sharing, SharingModel
+
+BIG = tiny("big", layers=2, hidden=4096)  # kernels large enough to fill a good share of an H100
+PREFILL, DECODE = BatchShape.prefill(2048), BatchShape.decode(64, 2048)
+
+
+def _ends(shapes: dict[str, BatchShape], owners: tuple[str, ...] = ("a", "b"), sharing: SharingModel | None = None,
+          device: int = 0) -> dict[str, float]:
+    """Each tenant's iteration, all placed whole on `device` at 0: when each ends."""
+    gmg = world({t: (BIG, (0,) if t in owners else (1,)) for t in ("a", "b")}, everywhere=True)
+    sim = Simulator(gmg, COST, sharing=sharing or SharingModel())
+    hs = {t: sim.add_iteration(build_iteration(BIG, s, tenant=t, grain=Grain.LAYER)) for t, s in shapes.items()}
+    sim.execute(SchedulerDecision(0.0, tuple(SlicePlacement(h.slice_base, device, h.num_slices) for h in hs.values())))
+    sim.run()
+    end = {key: t for _, key, t in sim.log.iterations}
+    return {t: end[h.key] for t, h in hs.items()}
+
+
+def test_a_prefill_and_a_decode_overlapping_each_take_longer_than_alone_and_less_than_in_sequence() -> None:
+    alone = {**_ends({"a": PREFILL}), **_ends({"b": DECODE})}
+    both = _ends({"a": PREFILL, "b": DECODE})
+    for t in "ab":
+        assert both[t] > alone[t]
+    assert max(both.values()) < alone["a"] + alone["b"]
+
+
+def test_a_slice_alone_on_a_shared_device_runs_as_in_the_one_stream_simulator() -> None:
+    gmg = world({"a": (BIG, (0,))})
+    plain = Simulator(gmg.fork(), COST)
+    shared = Simulator(gmg.fork(), COST, sharing=SharingModel())
+    ends = []
+    for sim in (plain, shared):
+        h = sim.add_iteration(build_iteration(BIG, PREFILL, tenant="a", grain=Grain.OP))
+        sim.execute(SchedulerDecision(0.0, (SlicePlacement(h.slice_base, 0, h.num_slices),)))
+        sim.run()
+        ends.append([(c[1], c[3], c[4]) for c in sim.log.slices])
+    assert ends[0] == ends[1]  # exactly: rate 1 when alone
+
+
+def test_an_owners_slices_beside_a_guest_are_slowed_by_at_most_the_stated_bound() -> None:
+    model = SharingModel(owner_bound=0.1)
+    alone = _ends({"a": PREFILL}, owners=("a",), sharing=model)["a"]
+    both = _ends({"a": PREFILL, "b": DECODE}, owners=("a",), sharing=model)  # b is a guest on device 0
+    assert alone < both["a"] <= alone * 1.1 * (1 + 1e-9)
+    equal = _ends({"a": PREFILL, "b": DECODE}, owners=("a", "b"), sharing=model)
+    assert both["a"] < equal["a"]  # an equal-priority neighbour slows it more: the bound is priority's doing
+
+
+def test_a_guest_gets_what_the_owner_leaves() -> None:
+    sharing = Sharing(SharingModel(owner_bound=0.0), None, [frozenset({"a"})])  # type: ignore[arg-type]
+    sharing.shares = {1: Share((0,), 0.7, 0.3, HIGH, (1.0,)), 2: Share((0,), 0.5, 0.5, LOW, (1.0,))}
+    sharing.on = [{1, 2}]
+    rates = sharing._fill(0)
+    assert rates[1] == 1.0
+    assert rates[2] == pytest.approx(0.3 / 0.5)  # SMs left: 0.3 of the 0.5 it wants
+
+
+def test_equal_priority_slices_fill_fairly_until_a_resource_is_full() -> None:
+    sharing = Sharing(SharingModel(), None, [frozenset()])  # type: ignore[arg-type]
+    sharing.shares = {1: Share((0,), 0.9, 0.2, HIGH, (1.0,)), 2: Share((0,), 0.3, 0.9, HIGH, (1.0,))}
+    sharing.on = [{1, 2}]
+    rates = sharing._fill(0)
+    assert rates[1] == rates[2] == pytest.approx(1 / 1.2)  # the SMs fill first: 0.9 + 0.3
+    sharing.shares[2] = Share((0,), 0.3, 0.9, HIGH, (0.5,))  # capped by its SM partition
+    rates = sharing._fill(0)
+    assert rates[2] == pytest.approx(0.5)
+    assert rates[1] == pytest.approx(min(1.0, (1 - 0.5 * 0.3) / 0.9))
+
+
+def test_an_sm_partition_slows_a_tenant_alone_by_its_share_over_its_demand() -> None:
+    free = _ends({"a": PREFILL})["a"]
+    capped = _ends({"a": PREFILL}, sharing=SharingModel(partitions=(("a", 0, 0.25),)))["a"]
+    assert capped > 2 * free  # the prefill wants most SMs; a quarter of them slows it a lot
+
+
+def test_a_guest_starved_by_the_owner_resumes_when_the_owner_ends() -> None:
+    model = SharingModel(min_sm=1.0)  # every slice wants the whole device: a guest gets nothing beside the owner
+    alone = _ends({"b": DECODE}, owners=("a",), sharing=model)["b"]
+    owner = _ends({"a": PREFILL}, owners=("a",), sharing=model)["a"]
+    both = _ends({"a": PREFILL, "b": DECODE}, owners=("a",), sharing=model)
+    assert both["a"] == pytest.approx(owner)  # never delayed: the guest never ran beside it
+    assert both["b"] == pytest.approx(owner + alone)
+
+
+def test_sharing_refuses_a_single_stream_and_the_constant_slowdown_beside_it() -> None:
+    with pytest.raises(ValueError, match="streams >= 2"):
+        SharingModel(streams=1)
+    with pytest.raises(ValueError, match="give it alone"):
+        Simulator(world({"a": (BIG, (0,))}), COST, stream_slowdown=0.5, sharing=SharingModel())
+
+
+def test_the_timeline_puts_overlapping_slices_on_separate_tracks_with_their_priority() -> None:
+    gmg = world({"a": (BIG, (0,)), "b": (BIG, (1,))}, everywhere=True)
+    sim = Simulator(gmg, COST, sharing=SharingModel())
+    hs = [sim.add_iteration(build_iteration(BIG, s, tenant=t, grain=Grain.LAYER)) for t, s in (("a", PREFILL), ("b", DECODE))]
+    sim.execute(SchedulerDecision(0.0, tuple(SlicePlacement(h.slice_base, 0, h.num_slices) for h in hs)))
+    sim.run()
+    slices = [e for e in sim.perfetto(ops=False)["traceEvents"] if e.get("cat") == "slice" and e["pid"] == 0]
+    tracks = {e["tid"] for e in slices}
+    assert tracks == {1, 3}  # two streams' slice tracks on device 0
+    for tid in tracks:  # no two slices overlap on one track
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["tid"] == tid)
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
+    prio = {e["args"]["tenant"]: e["args"]["priority"] for e in slices}
+    assert prio == {"a": "owner", "b": "guest"}
