@@ -18,7 +18,7 @@ from slicesched.sched import make_scheduler
 from slicesched.sched.interface import GuestStop, ReplicaLoad, SchedulerDecision, ShardLease, SlicePlacement
 from slicesched.sched.slicesched import SliceScheduler, mlp_slices
 from slicesched.serving import SLA
-from slicesched.sim import Simulator
+from slicesched.sim import SharingModel, Simulator
 from scenario_helpers import scenario
 
 M = model_spec("llama-2-7b")
@@ -46,11 +46,11 @@ class View:
         return self.leases
 
 
-def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr", intra_link="nvlink4"):
+def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr", intra_link="nvlink4", sharing=None):
     c = Cluster.homogeneous("H100-80GB", nodes, per_node, intra_link=intra_link, inter_link=inter_link)
     g = GlobalMappingGraph(c, {"hot": M, "cold": M}, {"hot": Container("hot", (0,)), "cold": Container("cold", (1,))})
     g.load_home_weights()
-    return g, Simulator(g, make_cost_model(), record=False, now=1.0)  # a second of (idle) history
+    return g, Simulator(g, make_cost_model(), record=False, now=1.0, sharing=sharing)  # a second of (idle) history
 
 
 def scheduler(**cfg):
@@ -223,9 +223,9 @@ def test_whole_iterations_go_tensor_parallel_over_the_union_while_the_kv_mirror_
     assert all(p.num_slices == 1 for p in d.placements if p.group == g.cluster.group_id((0, 1)))
 
 
-def lender_arrives(tpot_s):
-    g, sim = two_tenants()
-    s = scheduler(whatif_reuse_s=0.0)
+def lender_arrives(tpot_s, sharing=None, **cfg):
+    g, sim = two_tenants(sharing=sharing)
+    s = scheduler(whatif_reuse_s=0.0, **cfg)
     _, lease = staged(g, sim, s)
     slas = {"cold": SLA(1.0, tpot_s)}
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE], slas, leases=[lease]))
@@ -250,6 +250,19 @@ def test_the_lender_gets_its_device_back_when_the_loan_would_break_its_sla():
 def test_the_loan_goes_on_while_the_lender_stays_inside_its_slack():
     s, wide_left, _ = lender_arrives(tpot_s=10.0)
     assert wide_left > 0 and s.report.give_backs == 0
+
+
+def test_on_a_spatially_shared_device_a_loan_runs_beside_the_lenders_decode_inside_its_slack():
+    s, wide_left, _ = lender_arrives(tpot_s=10.0, sharing=SharingModel())
+    assert wide_left > 0 and s.report.give_backs == 0
+
+
+def test_on_a_spatially_shared_device_the_fork_refuses_a_loan_that_would_break_the_lenders_tpot():
+    s, wide_left, unstarted = lender_arrives(tpot_s=1e-4, sharing=SharingModel())
+    assert unstarted > 10 and wide_left == 0 and s.report.slack_rejections >= 1
+    # the lender's slack is what refuses it: without the check the guest slices stay beside it
+    s, wide_left, _ = lender_arrives(tpot_s=1e-4, sharing=SharingModel(), lender_slack_frac=100.0)
+    assert wide_left > 0 and s.report.slack_rejections == 0
 
 
 def test_no_loan_while_the_lenders_own_work_keeps_its_device_busy():
