@@ -12,6 +12,7 @@ progress can be followed from one change to the next. Real-trace scenarios need 
     python benchmarks/capacity.py                  # every scenario, 20 s windows
     python benchmarks/capacity.py hot_cold default # chosen ones
     python benchmarks/capacity.py hot_cold -s dedicated -s slicesched  # chosen schedulers
+    python benchmarks/capacity.py --spatial-sharing   # devices shared spatially ([replay] spatial_sharing)
 
 The ratio needs `slicesched` and at least one baseline among the schedulers run.
 """
@@ -45,9 +46,12 @@ WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, bracketing from 
 JOBS = int(os.environ.get("BENCH_JOBS", "2"))
 
 
-def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS) -> None:
+def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS, spatial: bool = False) -> None:
     try:
         sc = load_scenario(path)
+        if spatial:  # every scheduler on devices that run two slices at once; figures named `_spatial`
+            sc = sc.model_copy(update={"replay": sc.replay.model_copy(update={"spatial_sharing": True})})
+            name += "_spatial"
         bound = roofline_bound(sc, WINDOW_S, (sc.seed, sc.seed + 1, sc.seed + 2))
     except InputError as e:  # a real-trace scenario without ../shared
         print(f"# {name}: skipped ({e.one_line()})")
@@ -85,9 +89,11 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], help="default: all")
     ap.add_argument("-s", "--scheduler", action="append", help="default: all nine")
+    ap.add_argument("--spatial-sharing", action="store_true", help="devices run two slices at once, sharing SMs "
+                    "and HBM bandwidth (figures named <scenario>_spatial)")
     args = ap.parse_args(argv)
     for name in args.scenarios or list(SCENARIOS):
-        measure(name, SCENARIOS[name], tuple(args.scheduler or SCHEDULERS))
+        measure(name, SCENARIOS[name], tuple(args.scheduler or SCHEDULERS), args.spatial_sharing)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr", intra_link="nvlink4", 
     return g, Simulator(g, make_cost_model(), record=False, now=1.0, sharing=sharing)  # a second of (idle) history
 
 
-def scheduler(**cfg):
+def scheduler(guests=False, **cfg):
+    """`guests`: overflow replicas allowed (they come before leases); without, the lease path."""
+    cfg.setdefault("guest_min_forecast", 1.0 if guests else 1e6)
     return SliceScheduler(MODELS, SliceSchedConfig(check_interval_s=1e-6, **cfg), capacity_bytes=72e9)
 
 
@@ -105,17 +107,17 @@ def test_no_staging_where_the_fork_predicts_memory_beyond_the_device():
     # the device is fuller than the lender's engine reports (e.g. memory held outside its pool):
     # only the simulator's ledger knows, and only a what-if fork sees the overflow coming
     assert sim.alloc_kv(1, 60e9, "cold") is None
-    s = scheduler()
+    s = scheduler(guests=True)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     d = s.schedule(g, sim.now)
     assert d.shard_stages == () and d.guest_starts == ()
-    assert s.report.memory_rejections == 2  # the shards, then an overflow replica there
+    assert s.report.memory_rejections == 2  # an overflow replica there, then the shards
 
 
 def test_memory_what_ifs_per_check_are_bounded_and_the_rest_wait_for_the_next_check():
     g, sim = two_tenants()
     assert sim.alloc_kv(1, 60e9, "cold") is None  # both candidates fail their memory what-if
-    s = scheduler(memory_whatifs_per_check=1)
+    s = scheduler(guests=True, memory_whatifs_per_check=1)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     d = s.schedule(g, sim.now)
     assert d.shard_stages == () and d.guest_starts == ()
@@ -300,7 +302,7 @@ def test_no_loan_over_a_slow_fabric_where_it_would_not_end_sooner():
 # ---- overflow replicas on calm devices of another node --------------------------------------
 def test_an_overflow_replica_is_staged_on_a_calm_device_of_another_node():
     g, sim = two_tenants(nodes=2, per_node=1)  # no lender on hot's node: no lease, a guest instead
-    s = scheduler()
+    s = scheduler(guests=True)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     (gs,) = s.schedule(g, sim.now).guest_starts
     assert (gs.tenant, gs.devices) == ("hot", (1,))
@@ -309,10 +311,38 @@ def test_an_overflow_replica_is_staged_on_a_calm_device_of_another_node():
     assert gs.kv_bytes == pytest.approx(COLD_IDLE.kv_free_bytes * 0.5 - weights)
 
 
+def test_a_whole_overflow_replica_on_a_calm_device_comes_before_a_lease_of_it():
+    g, sim = two_tenants()  # a lender on hot's own node: a replica of its own serves more than a loan
+    s = scheduler(guests=True)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    d = s.schedule(g, sim.now)
+    assert [(gs.tenant, gs.devices) for gs in d.guest_starts] == [("hot", (1,))] and d.shard_stages == ()
+
+
+def test_a_hot_tenant_gets_an_overflow_replica_per_home_replica():
+    c = Cluster.homogeneous("H100-80GB", 1, 4)
+    g = GlobalMappingGraph(c, {"hot": M, "cold": M}, {"hot": Container("hot", (0,)), "cold": Container("cold", (2,))})
+    g.load_home_weights()
+    sim = Simulator(g, make_cost_model(), record=False, now=1.0)
+    for d in (1, 3):  # the second replicas' weights
+        for b, nb in enumerate(g.resident["hot" if d == 1 else "cold"][:, 0 if d == 1 else 2]):
+            g.add_weights("hot" if d == 1 else "cold", b, d, float(nb))
+    hot = [HOT_BUSY, ReplicaLoad("hot", (1,), 6, 30, False, c.group_id((1,)), False, 0.5, 20e9)]
+    cold = [ReplicaLoad("cold", (d,), 0, 0, False, c.group_id((d,)), False, 0.0, 55e9) for d in (2, 3)]
+    s = scheduler(guests=True)
+    s.attach(View(sim, hot + cold))
+    starts = s.schedule(g, sim.now).guest_starts
+    assert sorted(gs.devices for gs in starts) == [(2,), (3,)] and {gs.tenant for gs in starts} == {"hot"}
+    # and no more than that: with both running, the next check starts none
+    guests = [ReplicaLoad("hot", gs.devices, 0, 1, False, c.group_id(gs.devices), True, 0.1, 20e9) for gs in starts]
+    s.attach(View(sim, hot + cold + guests))
+    assert s.schedule(g, sim.now + 0.01).guest_starts == ()
+
+
 def test_no_overflow_replica_where_the_fork_predicts_memory_beyond_the_device():
     g, sim = two_tenants(nodes=2, per_node=1)
     assert sim.alloc_kv(1, 60e9, "cold") is None  # memory only the simulator's ledger sees
-    s = scheduler()
+    s = scheduler(guests=True)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     assert s.schedule(g, sim.now).guest_starts == ()
     assert s.report.memory_rejections == 1
@@ -320,9 +350,19 @@ def test_no_overflow_replica_where_the_fork_predicts_memory_beyond_the_device():
 
 def test_no_overflow_replica_on_a_busy_lender():
     g, sim = two_tenants(nodes=2, per_node=1)
-    s = scheduler()
+    s = scheduler(guests=True)
     s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.1, 55e9)]))
     assert s.schedule(g, sim.now).guest_starts == ()
+
+
+def test_on_spatially_shared_devices_a_lender_serving_requests_may_host_a_guest_but_not_one_queueing():
+    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
+    serving = ReplicaLoad("cold", (1,), 0, 6, False, 1, False, 0.02, 55e9)
+    queueing = ReplicaLoad("cold", (1,), 1, 6, False, 1, False, 0.02, 55e9)
+    for spatial, lender, started in ((False, serving, 0), (True, serving, 1), (True, queueing, 0)):
+        s = SliceScheduler(MODELS, SliceSchedConfig(check_interval_s=1e-6), capacity_bytes=72e9, spatial_sharing=spatial)
+        s.attach(View(sim, [HOT_BUSY, lender]))
+        assert len(s.schedule(g, sim.now).guest_starts) == started, (spatial, lender)
 
 
 def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_again():
@@ -330,7 +370,7 @@ def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_aga
     check and without draining (a guest shares the device for as long as it runs), before the
     lender's slow load forecast has moved."""
     g, sim = two_tenants(nodes=2, per_node=1)
-    s = scheduler()
+    s = scheduler(guests=True)
     guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
     few = ReplicaLoad("cold", (1,), 0, 2, False, 1, False, 0.01, 20e9)
     s.attach(View(sim, [HOT_BUSY, few, guest]))
@@ -342,7 +382,7 @@ def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_aga
 
 def test_the_overflow_replica_drains_when_its_tenant_calms():
     g, sim = two_tenants(nodes=2, per_node=1)
-    s = scheduler()
+    s = scheduler(guests=True)
     guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE, guest]))
     assert all(s.schedule(g, sim.now + i * 1e-3).guest_stops == () for i in range(40))
@@ -380,6 +420,12 @@ HOT_COLD = """
 """
 
 
+LEASES_ONLY = """
+    [schedulers.slicesched]
+    guest_min_forecast = 1e6
+"""
+
+
 def replay(text):
     sc = scenario(text)
     cost = make_cost_model("roofline")
@@ -389,7 +435,7 @@ def replay(text):
 
 
 def test_replay_borrowed_device_runs_the_hot_tenants_slices_without_ooms():
-    s, d, r = replay(HOT_COLD)
+    s, d, r = replay(HOT_COLD + LEASES_ONLY)
     assert r.stats.ooms == 0 and d.loans.shards_staged == 1
     assert s.report.wide_iterations > 0 and s.report.slices_away > 0
     assert s.report.whole_iterations > 0 and d.loans.kv_bytes_moved > 0  # the borrowed heads' KV came home

@@ -82,8 +82,9 @@ class LendingMixin:
         guests = [r for r in everyone if r.guest and not r.draining]
         stops = self._guest_stops(guests, loads, now)
         hosting = {d for g in guests for d in g.devices}
-        stages = self._stages(gmg, loads, leases, now, hosting)
-        starts = self._guest_starts(gmg, loads, guests, leases, now, hosting | {d for s in stages for d in s.devices})
+        # overflow replicas first: a whole replica on calm devices serves more than a lease of them
+        starts = self._guest_starts(gmg, loads, guests, leases, now, hosting)
+        stages = self._stages(gmg, loads, leases, now, hosting | {d for g in starts for d in g.devices})
         return stages, releases, starts, stops
 
     def _sync_leases(self: Any, gmg: GlobalMappingGraph, leases: tuple[ShardLease, ...]) -> None:
@@ -135,14 +136,20 @@ class LendingMixin:
                    for o in loads if not set(o.devices).isdisjoint(devices))
 
     def _lender_candidates(self: Any, r: ReplicaLoad, loads: list[ReplicaLoad], excluded: set[str]) -> list[ReplicaLoad]:
-        """Replicas that may lend to `r`'s tenant: calm now (at most `lender_max_load` requests,
-        KV under half the reclaim mark), forecast at most `lender_forecast_frac` of the
+        """Replicas that may lend to `r`'s tenant: calm now (at most `lender_max_load` requests;
+        on devices shared spatially, none queued: its running ones keep their priority beside a
+        guest), KV under half the reclaim mark, forecast at most `lender_forecast_frac` of the
         borrower's, not draining, of no tenant in `excluded`."""
         fc = self._forecast
         cap = self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
         return [o for o in loads if o.tenant != r.tenant and o.tenant not in excluded and not o.draining
-                and fc.get(o.tenant, 0.0) <= cap and o.waiting + o.running <= self.cfg.lender_max_load
-                and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
+                and fc.get(o.tenant, 0.0) <= cap and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2
+                and (o.waiting == 0 if self.spatial else o.waiting + o.running <= self.cfg.lender_max_load)]
+
+    def _idle_enough(self: Any, idle: float) -> bool:
+        """May a device this idle lend? Without spatial sharing a loan advances only while its
+        owners leave the device idle; with it, guests run beside them at low priority."""
+        return self.spatial or idle >= self.cfg.min_idle_share
 
     def _touches(self: Any, gmg: GlobalMappingGraph, lease: Lease) -> bool:
         """Is any unfinished slice mapped onto the lease's union group?"""
@@ -187,7 +194,7 @@ class LendingMixin:
             owner = {d: o.tenant for o in cands for d in o.devices}
             node = gmg.cluster.device_node[r.devices[0]]  # tensor parallel stays inside a node's fabric
             devs = sorted((d for o in cands for d in o.devices if gmg.cluster.device_node[d] == node
-                           and d not in taken and d not in homes and idle[d] >= self.cfg.min_idle_share),
+                           and d not in taken and d not in homes and self._idle_enough(idle[d])),
                           key=lambda d: (fc.get(owner[d], 0.0), -float(idle[d]), d))
             if len(devs) < tp:
                 continue
@@ -235,17 +242,23 @@ class LendingMixin:
 
     def _guest_starts(self: Any, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], guests: list[ReplicaLoad],
                       leases: tuple[ShardLease, ...], now: float, taken: set[int]) -> tuple[GuestStart, ...]:
-        """An overflow replica for each hot tenant without one: its weights at its own degree on
-        calm devices of any one node (the lenders' rules), ahead of need; the driver routes an
-        arrival there when its predicted TTFT is the lowest."""
+        """Up to one overflow replica per home replica of a hot tenant: its weights at its own
+        degree on calm devices of any one node (the lenders' rules), ahead of need; the driver
+        routes an arrival there when its predicted TTFT is the lowest."""
         fc, top = self._forecast, max(self._forecast.values(), default=0.0)
         taken = taken | {d for ls in leases for d in ls.devices}  # guests' devices are in it already
         lenders_of = {ls.tenant for ls in leases} | {g.tenant for g in guests}
-        hosted = {g.tenant for g in guests}
+        hosted = defaultdict(int)  # tenant -> its overflow replicas
+        for g in guests:
+            hosted[g.tenant] += 1
+        homes = defaultdict(int)
+        for r in loads:
+            homes[r.tenant] += 1
         idle = self._idle_share(gmg, now)
         out = []
         for r in sorted(loads, key=lambda x: (-fc.get(x.tenant, 0.0), x.group)):
-            if (r.tenant in hosted or r.tenant not in self.models or r.draining or not taken.isdisjoint(r.devices)
+            if (hosted[r.tenant] >= homes[r.tenant] or r.tenant not in self.models
+                    or r.draining or not taken.isdisjoint(r.devices)
                     or fc.get(r.tenant, 0.0) < max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)):
                 continue
             if self._budget_spent():
@@ -255,7 +268,7 @@ class LendingMixin:
             if g is None:
                 continue
             out.append(g)
-            hosted.add(r.tenant)
+            hosted[r.tenant] += 1
             taken.update(g.devices)
             taken.update(r.devices)
             self.report.guest_starts += 1
@@ -272,7 +285,7 @@ class LendingMixin:
         best = None
         for node in sorted({gmg.cluster.device_node[d] for d in owner}):
             devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken
-                           and idle[d] >= self.cfg.min_idle_share),
+                           and self._idle_enough(idle[d])),
                           key=lambda d: (fc.get(owner[d].tenant, 0.0), -float(idle[d]), d))[:tp]
             if len(devs) < tp:
                 continue

@@ -26,11 +26,13 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
   iteration ends at least `min_gain_frac` sooner and every live lender iteration ends at most
   `lender_slack_frac` x its TPOT SLO later than without the loan. With no lender work live the
   verdict depends only on the shape and hardware and is reused for `whatif_reuse_s`.
-- *Overflow replicas* (every `check_interval_s`): a hot tenant (forecast at least
-  `guest_min_forecast`) with none gets a `GuestStart`, its whole replica at its own degree on
-  calm devices of any one node (the lender rules; weights from host memory; memory what-if
-  first); the driver routes arrivals there by predicted TTFT once its weights are resident; it
-  drains by the lease rules or when its tenant calms. No lease or guest before a whole
+- *Overflow replicas* (every `check_interval_s`, before leases: a whole replica of its own
+  serves more than a loan of the same devices): a hot tenant (forecast at least
+  `guest_min_forecast`) gets a `GuestStart` for each of its home replicas that has none, its
+  whole replica at its own degree on calm devices of any one node (the lender rules; weights
+  from host memory; memory what-if first); the driver routes arrivals there by predicted TTFT
+  once its weights are resident; it drains by the lease rules or when its tenant calms. Leases
+  take the calm devices left (or those whose free memory holds shards but not a whole replica). No lease or guest before a whole
   `idle_window_s` of history; lenders keep `kv_headroom` x their recent peak KV use.
 - The lender has priority: when its own iteration appears the check is re-run and, unless the
   loan stays inside its slack, the borrower's unstarted slices are mapped back home (the lender
@@ -129,8 +131,11 @@ class SliceScheduler(LendingMixin, Scheduler):
     admission = Deadline()  # the most requests within their TTFT SLO first
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
-                 capacity_bytes: float | np.ndarray = 80e9) -> None:
+                 capacity_bytes: float | np.ndarray = 80e9, spatial_sharing: bool = False) -> None:
+        """`spatial_sharing`: the devices run a guest's slices beside their owners' at low
+        priority (the scenario's `[replay] spatial_sharing`), so busy lenders may lend."""
         self.models = models or {}
+        self.spatial = spatial_sharing
         self.cfg = config or SliceSchedConfig()
         self.capacity_bytes = capacity_bytes
         self.report = RunReport()
@@ -151,7 +156,8 @@ class SliceScheduler(LendingMixin, Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
         cap = scenario.cluster.memory_per_device() * scenario.replay.gpu_memory_utilization
-        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
+        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap,
+                   spatial_sharing=scenario.replay.spatial_sharing)
 
     def run_report(self) -> dict[str, float]:
         return self.report.as_dict()
