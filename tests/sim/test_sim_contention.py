@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sim_helpers import COST, tiny, world
 
 from slicesched.gmg import BatchShape, Grain, build_iteration
@@ -113,3 +115,40 @@ def test_the_timeline_puts_overlapping_slices_on_separate_tracks_with_their_prio
         assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
     prio = {e["args"]["tenant"]: e["args"]["priority"] for e in slices}
     assert prio == {"a": "owner", "b": "guest"}
+
+
+def _shape(draw: st.DrawFn) -> BatchShape:
+    if draw(st.booleans()):
+        return BatchShape.prefill(draw(st.integers(64, 4096)))
+    return BatchShape.decode(draw(st.integers(1, 128)), draw(st.integers(64, 4096)))
+
+
+@st.composite
+def _owner_beside_guests(draw: st.DrawFn) -> tuple:
+    guests = [(_shape(draw), draw(st.floats(0.0, 2e-3))) for _ in range(draw(st.integers(1, 4)))]
+    return _shape(draw), draw(st.floats(0.0, 2e-3)), guests, draw(st.sampled_from([1 / 16, 0.5, 1.0]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_owner_beside_guests())
+def test_guests_never_delay_an_owners_iteration_beyond_the_bound(case: tuple) -> None:
+    """Whatever guests run on its device, whenever they arrive, an owner's iteration takes at
+    most (1 + owner_bound) times as long as alone: it always finds a stream and the SMs first."""
+    own, at, guests, min_sm = case
+    model = SharingModel(min_sm=min_sm)
+
+    def owner_time(with_guests: bool) -> float:
+        gmg = world({"a": (BIG, (0,)), "b": (BIG, (1,))}, everywhere=True)
+        sim = Simulator(gmg, COST, sharing=model)
+        arrivals = [("a", own, at)] + ([("b", s, t) for s, t in guests] if with_guests else [])
+        key = None
+        for tenant, shape, t in sorted(arrivals, key=lambda x: x[2]):
+            sim.run(until=t)
+            h = sim.add_iteration(build_iteration(BIG, shape, tenant=tenant, grain=Grain.LAYER))
+            sim.apply(SchedulerDecision(sim.now, (SlicePlacement(h.slice_base, 0, h.num_slices),)))
+            if tenant == "a":
+                key, start = h.key, sim.now
+        sim.run()
+        return {k: t for _, k, t in sim.log.iterations}[key] - start
+
+    assert owner_time(True) <= owner_time(False) * (1 + model.owner_bound) * (1 + 1e-9)

@@ -64,7 +64,7 @@ _EPS = 1e-12
 class SharingModel:
     """How overlapping slices share a device (see the module docstring)."""
 
-    streams: int = 2  # slices one device runs at once
+    streams: int = 3  # slices one device runs at once (a guest never takes the last free one)
     owner_bound: float = 0.10  # an owner's slice beside guests runs at most this much slower
     compute_ceiling: float = 0.75  # share of peak FLOP/s a compute-bound kernel reaches
     mem_ceiling: float = 0.80  # share of HBM bandwidth a streaming kernel reaches
@@ -277,6 +277,23 @@ class Sharing:
 
 def _end(w: list[float]) -> float:
     return w[1] + w[0] / w[2] if w[2] > 0 else float("inf")
+
+
+def dispatch(sim: "Simulator") -> list["Event"]:
+    """Start queued slices on shared devices: the owners' first (in queue order), then guests',
+    each where its devices have a free stream; a guest never takes a device's last free stream,
+    so an owner's next slice always finds one and waits for no guest."""
+    share, free, queue = sim.share, sim._free, sim.queue
+    ranked = sorted(queue.items, key=lambda e: share.priority(e[3].tenant, sim._devs(e[2])))  # stable: queue order
+    ev: list[Event] = []
+    for entry in ranked:
+        _, s, g, info = entry
+        devs = sim._devs(g)
+        need = 1 if share.priority(info.tenant, devs) == HIGH else 2
+        if all(free[d] >= need for d in devs):
+            queue.drop(s)
+            ev += sim._start(s, g, devs, info)
+    return ev
 
 
 def rerun(sim: "Simulator", ends: dict[int, float]) -> list["Event"]:

@@ -23,7 +23,7 @@ from slicesched.cost.model import CostModel
 from slicesched.gmg.graph import GlobalMappingGraph, IterationHandle, SliceState
 from slicesched.gmg.ops import IterationGraph
 from slicesched.decisions import OOMEvent, SchedulerDecision, StepOutcome
-from slicesched.sim.contention import Sharing, SharingModel, rerun
+from slicesched.sim.contention import Sharing, SharingModel, dispatch, rerun
 from slicesched.sim.events import Event, Prio
 from slicesched.sim.forks import Forks, MappingReads, rebuild_heap, retimed
 from slicesched.sim.iterinfo import IterInfo
@@ -389,8 +389,8 @@ class Simulator(BytesOnlyKV):
         """Start every queued slice, in queue order, whose devices all have a free stream."""
         queue = self.queue
         q = queue.items
-        if not q:
-            return []
+        if not q or self.share is not None:  # shared devices: owners first (`contention.dispatch`)
+            return dispatch(self) if q else []
         ev: list[Event] = []
         free, i = self._free, 0
         while i < len(q):
