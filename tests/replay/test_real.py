@@ -114,6 +114,12 @@ def test_a_tenant_whose_heads_do_not_split_over_its_devices_is_refused_in_one_li
         serve(real_setup(scenario(three), tmp_path), "dedicated")
 
 
+def test_a_scenario_sharing_devices_spatially_is_refused_in_one_line_before_serving(tmp_path):
+    shared = TWO.replace("[replay]", "[replay]\n    spatial_sharing = true")
+    with pytest.raises(InputError, match="one slice at a time per device"):
+        serve(real_setup(scenario(shared), tmp_path), "dedicated")
+
+
 def test_aegaeon_switches_models_through_host_memory_and_requests_keep_their_kv(tmp_path):
     """One weight slot per device and a burst of `a`: Aegaeon's instances switch models, each
     switch an eviction and a load from host memory on the executor; steps placed before the

@@ -189,6 +189,10 @@ def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: C
     if ep:  # its experts would run cut tensor-parallel: not the layout the simulator prices
         raise InputError(f"{', '.join(ep)} would serve expert-parallel, which the executor does not run yet "
                          "(it cuts every expert tensor-parallel)", field="tenants.expert_parallel")
+    if sc.replay.spatial_sharing:  # its devices run one slice at a time: the overlap would be silence
+        raise InputError("the executor runs one slice at a time per device (guest slices on low-priority CUDA "
+                         "streams are not built yet); serve with spatial_sharing = false",
+                         field="replay.spatial_sharing")
     kind = LiveDriver if live else ReplayDriver
     driver = kind(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                   rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
