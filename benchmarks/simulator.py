@@ -13,6 +13,10 @@ is perturbed (seeded noise and interference). Prints one `name: value unit` a li
   (a scheduler that places slices lazily, `Scheduler.wants_every_slice`): each wake is a Python
   round trip (outcome, driver, decision) of a few microseconds for ~6 ops, which bounds this
   mode in CPython whatever the engine does; _wake_slice_layer_grain: per-slice wake, LAYER grain.
+- sim_op_events_per_ms_spatial_sharing: the first figure with devices shared spatially
+  (`SharingModel`): every slice an event of its own (no segments: a neighbour's start changes
+  a running slice's end) and its rate set by who runs beside it; nothing overlaps here, so
+  it is the price of the bookkeeping.
 - whatif_p50_us / whatif_p99_us: fork + apply one placement (the iteration just formed) +
   simulate 100 ms, at 10 consecutive decision points of one replay x 40 what-ifs each (the first
   at each point pays for planning the running chains and meets the caches the replay step left;
@@ -39,7 +43,7 @@ from slicesched.gmg import BatchShape, GlobalMappingGraph, Grain, block_weight_b
 from slicesched.hardware import Cluster, Container
 from slicesched.models.spec import model_spec
 from slicesched.sched.interface import SchedulerDecision, SlicePlacement
-from slicesched.sim import Incremental, Perturbation, Simulator
+from slicesched.sim import Incremental, Perturbation, SharingModel, Simulator
 
 TENANTS = [  # (tenant, model, devices)
     ("t0", "llama-2-7b", (0,)), ("t1", "llama-3-8b", (1,)), ("t2", "qwen2.5-7b", (2,)),
@@ -52,7 +56,8 @@ KV_BYTES = 20e9  # per device, allocated by the driver up front
 class DecodeDriver:
     """Re-adds a tenant's next decode iteration whenever its previous one finishes."""
 
-    def __init__(self, seed: int = 0, grain: Grain = Grain.BLOCK, perturb: bool = True) -> None:
+    def __init__(self, seed: int = 0, grain: Grain = Grain.BLOCK, perturb: bool = True,
+                 sharing: SharingModel | None = None) -> None:
         cluster = Cluster.homogeneous("H100-80GB", 2, 8)
         models = {t: model_spec(m) for t, m, _ in TENANTS}
         conts = {t: Container(t, d) for t, _, d in TENANTS}
@@ -61,7 +66,7 @@ class DecodeDriver:
         for b, nb in enumerate(block_weight_bytes(models["t0"], 1)):  # t0 may borrow device 1
             self.gmg.add_weights("t0", b, 1, float(nb))
         pert = Perturbation(seed) if perturb else None
-        self.sim = Simulator(self.gmg, RooflineCostModel(), perturbation=pert, record=False)
+        self.sim = Simulator(self.gmg, RooflineCostModel(), perturbation=pert, record=False, sharing=sharing)
         self.rng = np.random.default_rng(seed)
         self.grain = grain
         self.group = {t: cluster.group_id(d) for t, _, d in TENANTS}
@@ -92,12 +97,13 @@ class DecodeDriver:
         return self.sim.op_events - ev0, time.perf_counter() - w0
 
 
-def bench_events(seconds: float = 3.0, wake: str = "slice", grain: Grain = Grain.BLOCK) -> float:
+def bench_events(seconds: float = 3.0, wake: str = "slice", grain: Grain = Grain.BLOCK,
+                 sharing: SharingModel | None = None) -> float:
     """`wake`: as `Simulator.execute`."""
     rates = []
     for seed in range(3):
         gc.collect()
-        drv = DecodeDriver(seed=seed, grain=grain)
+        drv = DecodeDriver(seed=seed, grain=grain, sharing=sharing)
         ops, wall = drv.run(seconds, wake)
         rates.append(ops / (wall * 1e3))
     return statistics.median(rates)
@@ -186,6 +192,8 @@ def main() -> None:
     print(f"sim_op_events_per_ms: {bench_events(wake='iteration'):.0f} events/ms")
     print(f"sim_op_events_per_ms_wake_slice: {bench_events():.0f} events/ms")
     print(f"sim_op_events_per_ms_wake_slice_layer_grain: {bench_events(grain=Grain.LAYER):.0f} events/ms")
+    shared = bench_events(wake="iteration", sharing=SharingModel())
+    print(f"sim_op_events_per_ms_spatial_sharing: {shared:.0f} events/ms")
     p50, p99, cold, p99_warm = bench_whatif()
     print(f"whatif_p50_us: {p50:.0f} us")
     print(f"whatif_p99_us: {p99:.0f} us")
