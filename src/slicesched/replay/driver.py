@@ -136,7 +136,7 @@ class ReplayDriver:
         plan = self.provisioning = scheduler.provisioning(pairs)  # cold: weights loaded later, by its copies
         sharing = SharingModel(partitions=plan.sm_shares) if sc.replay.spatial_sharing else None
         on_lane = (lane and backend is None and not record_timeline and scheduler.home_only
-                   and scheduler.wake_on() == "iteration")  # exact with sharing too: it vouches only where nothing overlaps
+                   and scheduler.wake_on() == "iteration")  # vouches only where nothing overlaps: sharing or not
         self._lane = IterationLane(self.gmg, self.cost, noise) if on_lane else None
         self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
                                  or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline,
