@@ -355,16 +355,6 @@ def test_no_overflow_replica_on_a_busy_lender():
     assert s.schedule(g, sim.now).guest_starts == ()
 
 
-def test_on_spatially_shared_devices_a_lender_serving_requests_may_host_a_guest_but_not_one_queueing():
-    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
-    serving = ReplicaLoad("cold", (1,), 0, 6, False, 1, False, 0.02, 55e9)
-    queueing = ReplicaLoad("cold", (1,), 1, 6, False, 1, False, 0.02, 55e9)
-    for spatial, lender, started in ((False, serving, 0), (True, serving, 1), (True, queueing, 0)):
-        s = SliceScheduler(MODELS, SliceSchedConfig(check_interval_s=1e-6), capacity_bytes=72e9, spatial_sharing=spatial)
-        s.attach(View(sim, [HOT_BUSY, lender]))
-        assert len(s.schedule(g, sim.now).guest_starts) == started, (spatial, lender)
-
-
 def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_again():
     """Running requests of its own do not take the device back, a queued one does, at the next
     check and without draining (a guest shares the device for as long as it runs), before the

@@ -131,11 +131,8 @@ class SliceScheduler(LendingMixin, Scheduler):
     admission = Deadline()  # the most requests within their TTFT SLO first
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
-                 capacity_bytes: float | np.ndarray = 80e9, spatial_sharing: bool = False) -> None:
-        """`spatial_sharing`: the devices run a guest's slices beside their owners' at low
-        priority (the scenario's `[replay] spatial_sharing`), so busy lenders may lend."""
+                 capacity_bytes: float | np.ndarray = 80e9) -> None:
         self.models = models or {}
-        self.spatial = spatial_sharing
         self.cfg = config or SliceSchedConfig()
         self.capacity_bytes = capacity_bytes
         self.report = RunReport()
@@ -156,8 +153,7 @@ class SliceScheduler(LendingMixin, Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
         cap = scenario.cluster.memory_per_device() * scenario.replay.gpu_memory_utilization
-        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap,
-                   spatial_sharing=scenario.replay.spatial_sharing)
+        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
 
     def run_report(self) -> dict[str, float]:
         return self.report.as_dict()
