@@ -152,3 +152,20 @@ def test_guests_never_delay_an_owners_iteration_beyond_the_bound(case: tuple) ->
         return {k: t for _, k, t in sim.log.iterations}[key] - start
 
     assert owner_time(True) <= owner_time(False) * (1 + model.owner_bound) * (1 + 1e-9)
+
+
+def test_aborting_an_iteration_gives_its_share_back_to_the_slices_beside_it() -> None:
+    def guest_end(abort: bool) -> float:
+        gmg = world({"a": (BIG, (0,)), "b": (BIG, (1,))}, everywhere=True)
+        sim = Simulator(gmg, COST, sharing=SharingModel(min_sm=1.0))  # each wants every SM
+        ha, hb = (sim.add_iteration(build_iteration(BIG, s, tenant=t, grain=Grain.LAYER))
+                  for t, s in (("a", PREFILL), ("b", PREFILL)))
+        sim.apply(SchedulerDecision(0.0, (SlicePlacement(ha.slice_base, 0, ha.num_slices),
+                                          SlicePlacement(hb.slice_base, 0, hb.num_slices))))
+        sim.run(until=2e-4)  # both running, a the owner with the SMs, b waiting for them
+        if abort:
+            sim.abort_iteration(ha.key)
+        sim.run()
+        return {k: t for _, k, t in sim.log.iterations}[hb.key]
+
+    assert guest_end(abort=True) < guest_end(abort=False)
