@@ -33,16 +33,6 @@ class Replica:
         object.__setattr__(self, "stages", tuple(self.devices[s * tp:(s + 1) * tp] for s in range(self.pp)))
 
 
-def replica_owners(replicas: list[Replica], cluster: Cluster) -> list[frozenset[str]]:
-    """Per device, the tenants whose replicas start on it: their work there is the owner's where
-    devices are shared spatially (a tenant's slices anywhere else are a guest's)."""
-    owners: list[set[str]] = [set() for _ in range(cluster.num_devices)]
-    for r in replicas:
-        for d in r.devices:
-            owners[d].add(r.tenant)
-    return [frozenset(o) for o in owners]
-
-
 def build_cluster(sc: Scenario) -> Cluster:
     return sc.cluster.build()
 

@@ -31,8 +31,7 @@ from slicesched.gmg.stages import build_stages, send_bytes, stage_kv_bytes_per_t
 from slicesched.hardware.cluster import Container
 from slicesched.models.spec import ModelSpec
 from slicesched.replay.attribution import Attribution
-from slicesched.replay.deployment import (Replica, build_cluster, default_replicas, kv_pool_bytes, replica_owners,
-                                         tenant_demands)
+from slicesched.replay.deployment import Replica, build_cluster, default_replicas, kv_pool_bytes, tenant_demands
 from slicesched.replay.events import EventQueue, Kind
 from slicesched.replay.fleet import Fleet
 from slicesched.replay.loans import Loans
@@ -45,7 +44,7 @@ from slicesched.sched.interface import Backend, Scheduler, WhatIf
 from slicesched.sched.policies import BatchSetting, CacheAffinity, queued_prefill_s
 from slicesched.serving import (SLA, Batch, KVBlockManager, PagedKVBlockManager, PagedPrefixCachingKV, PrefixCachingKV,
                                 Request, RequestState, TenantEngine, blocks_for, count_violations)
-from slicesched.sim import Perturbation, SharingModel, Simulator
+from slicesched.sim import Perturbation, SharingModel, Simulator, owners_of
 from slicesched.sim.lane import IterationLane, LaneUnsafe
 from slicesched.sim.trace import TRACE_WINDOW_US, trim_trace
 from slicesched.traces import Trace
@@ -140,7 +139,7 @@ class ReplayDriver:
         self._lane = IterationLane(self.gmg, self.cost, noise) if on_lane else None
         self.backend: Backend = (backend(self.gmg, self.cost) if backend is not None else self._lane
                                  or Simulator(self.gmg, self.cost, perturbation=noise, record=record_timeline,
-                                              sharing=sharing, owners=replica_owners(replicas, self.cluster)))
+                                              sharing=sharing, owners=owners_of(self.cluster.num_devices, pairs)))
         self._no_decision = SchedulerDecision(0.0)  # what a home-only scheduler leaves the lane to do
         pools = kv_pool_bytes(replicas, self.models, self.gmg.capacity_bytes, sc.replay.gpu_memory_utilization, plan)
         self.fleet = Fleet([self.start_replica(r, pool, i not in plan.cold)

@@ -27,7 +27,7 @@ import numpy as np
 
 from slicesched.gmg.builder import block_weight_bytes, build_iteration
 from slicesched.gmg.graph import GlobalMappingGraph
-from slicesched.gmg.ops import BatchShape
+from slicesched.gmg.ops import BatchShape, IterationGraph
 from slicesched.hardware.cluster import Cluster
 from slicesched.hardware.specs import LINKS, device_spec, link_spec
 from slicesched.models.spec import model_spec
@@ -250,15 +250,15 @@ class TemporalMuxScheduler(Scheduler):
         prompt = max(int(round(d.mean_prompt)), 1)
         ctx = prompt + int(d.mean_output) // 2
 
-        def secs(shape: BatchShape) -> float:
-            return float(self.cost.op_times(build_iteration(m, shape, tp), device, link).sum())
+        def secs(g: IterationGraph) -> float:
+            return float(self.cost.op_times(g, device, link).sum())
 
-        prefill = secs(BatchShape(np.array([prompt]), np.array([0]), 1))
-        step1, step32 = secs(BatchShape.decode(1, ctx)), secs(BatchShape.decode(32, ctx))
+        prefill = secs(build_iteration(m, BatchShape(np.array([prompt]), np.array([0]), 1), tp))
+        g32 = build_iteration(m, BatchShape.decode(32, ctx), tp)  # priced, and its SM demand read
+        step1, step32 = secs(build_iteration(m, BatchShape.decode(1, ctx), tp)), secs(g32)
         per_token = max(step32 - step1, 0.0) / 31
         util = d.rate_rps * (prefill + d.mean_output * per_token)
-        g = build_iteration(m, BatchShape.decode(32, ctx), tp)
-        sm, _ = demand(g.flops.sum(), (g.bytes_read + g.bytes_written).sum(), np.float64(step32), device, SHARING)
+        sm, _ = demand(g32.flops.sum(), (g32.bytes_read + g32.bytes_written).sum(), np.float64(step32), device, SHARING)
         return _Share(util, step1, ctx, d.rate_rps, prefill, d.mean_output, float(sm))
 
     def _merge_gain(self, a: str, b: str, sa: _Share | None, sb: _Share | None, alone_a: _Share | None,

@@ -29,11 +29,11 @@ event), `Timings` (slice timings in use), `Forks` (fork plans and focus), `Outco
 run reports) and `Lifecycle` (iterations ending, the driver's KV).
 """
 
-from slicesched.sim.contention import SharingModel
+from slicesched.sim.contention import SharingModel, owners_of
 from slicesched.sim.engine import Simulator
 from slicesched.sim.events import Prio, SimulationError
 from slicesched.sim.incremental import Incremental
 from slicesched.sim.perturbation import Perturbation
 from slicesched.sim.prediction import Prediction
 
-__all__ = ["Simulator", "SharingModel", "Prio", "SimulationError", "Incremental", "Perturbation", "Prediction"]
+__all__ = ["Simulator", "SharingModel", "owners_of", "Prio", "SimulationError", "Incremental", "Perturbation", "Prediction"]

@@ -39,7 +39,7 @@ power or clock throttling under load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -153,7 +153,9 @@ class Sharing:
         """A simulator's sharing (None without a model); owners default to the GMG's containers."""
         if model is None:
             return None
-        return cls(model, Demands(model, timing, gmg.cluster), list(owners) if owners is not None else owners_of(gmg))
+        if owners is None:
+            owners = owners_of(gmg.cluster.num_devices, ((t, c.devices) for t, c in gmg.containers.items()))
+        return cls(model, Demands(model, timing, gmg.cluster), list(owners))
 
     def averaged(self, run: "Run", now: float) -> "Run":
         """A slice that ended, its scale its average over its whole run (it ran at several rates)."""
@@ -284,12 +286,12 @@ def dispatch(sim: "Simulator") -> list["Event"]:
     each where its devices have a free stream; a guest never takes a device's last free stream,
     so an owner's next slice always finds one and waits for no guest."""
     share, free, queue = sim.share, sim._free, sim.queue
-    ranked = sorted(queue.items, key=lambda e: share.priority(e[3].tenant, sim._devs(e[2])))  # stable: queue order
+    ranked = sorted((share.priority(info.tenant, sim._devs(g)), i, s, g, info)
+                    for i, (_, s, g, info) in enumerate(queue.items))  # owners first, each in queue order
     ev: list[Event] = []
-    for entry in ranked:
-        _, s, g, info = entry
+    for prio, _, s, g, info in ranked:
         devs = sim._devs(g)
-        need = 1 if share.priority(info.tenant, devs) == HIGH else 2
+        need = 1 if prio == HIGH else 2
         if all(free[d] >= need for d in devs):
             queue.drop(s)
             ev += sim._start(s, g, devs, info)
@@ -307,10 +309,11 @@ def rerun(sim: "Simulator", ends: dict[int, float]) -> list["Event"]:
     return ev
 
 
-def owners_of(gmg: "GlobalMappingGraph") -> list[frozenset[str]]:
-    """Per device, the tenants whose containers cover it (their slices there are the owner's)."""
-    owners: list[set[str]] = [set() for _ in range(gmg.cluster.num_devices)]
-    for tenant, c in gmg.containers.items():
-        for d in c.devices:
+def owners_of(num_devices: int, placed: Iterable[tuple[str, tuple[int, ...]]]) -> list[frozenset[str]]:
+    """Per device, the tenants placed on it as (tenant, devices) pairs (containers, replicas):
+    their slices there are the owner's, any other tenant's a guest's."""
+    owners: list[set[str]] = [set() for _ in range(num_devices)]
+    for tenant, devices in placed:
+        for d in devices:
             owners[d].add(tenant)
     return [frozenset(o) for o in owners]
