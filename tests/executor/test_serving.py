@@ -32,6 +32,24 @@ def test_paged_model_with_chunked_prefill_and_decodes_equals_eager_greedy_genera
         assert tuple(s.seqs[r][len(p):]) == greedy_reference(m, p, len(s.seqs[r]) - len(p))
 
 
+def test_decodes_of_unequal_length_batched_together_read_no_unwritten_slot(model):
+    """Decodes attend in one padded call; the padding must never read a slot no token wrote
+    (the pool is `torch.empty`: here NaN, so reading one would poison the output)."""
+    _, m = model
+    paged = PagedModel(m)
+    for k, v in paged.pool(("t", 0), 32, BT):
+        k.fill_(float("nan"))
+        v.fill_(float("nan"))
+    prompts = {0: tuple(range(5, 8)), 1: tuple(range(300, 340)), 2: tuple(range(90, 107))}
+    s = HandFed(paged, prompts)
+    assert s.kv.allocate(99, BT)  # block 0 held, never written
+    s.step([(r, len(p)) for r, p in prompts.items()])
+    for _ in range(4):
+        s.step([(0, 1), (1, 1), (2, 1)])
+    for r, p in prompts.items():
+        assert tuple(s.seqs[r][len(p):]) == greedy_reference(m, p, 5)
+
+
 def test_paged_model_reports_every_stage_in_order(model):
     _, m = model
     paged, seen = PagedModel(m), []

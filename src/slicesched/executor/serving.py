@@ -17,6 +17,7 @@ qwen2_moe and qwen3_moe, whose `mlp` is a sparse MoE block): their decoder layer
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,41 +151,35 @@ class PagedModel:
     def prepare(self, inputs: StepInputs) -> "StepState":
         """Stage 0: the batch's positions, pool slots and masks, and the embedding (call under
         `torch.inference_mode`)."""
-        dev, bt = self.device, inputs.block_tokens
-        pool = self.pool(inputs.pool, inputs.num_blocks, bt)
-        lens = [len(f) for f in inputs.token_ids]
+        dev = self.device
+        layout = AttentionLayout.of(inputs, dev)
         ids = torch.tensor([t for f in inputs.token_ids for t in f], device=dev)
-        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(inputs.context_lens_before, lens)]).to(dev)
-        # the pool slot of every position a sequence holds after this step (block ids -> token slots)
-        held = [slots_of(table, c + n, bt).to(dev) for table, c, n in zip(inputs.block_tables,
-                                                                         inputs.context_lens_before, lens)]
-        new = torch.cat([h[c:] for h, c in zip(held, inputs.context_lens_before)])
-        masks = [torch.arange(c + n, device=dev)[None, :] <= (c + torch.arange(n, device=dev))[:, None]
-                 for c, n in zip(inputs.context_lens_before, lens)]
+        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(inputs.context_lens_before, layout.lens)]).to(dev)
+        new = torch.cat([slots_of(table, c + n, inputs.block_tokens)[c:] for table, c, n in
+                         zip(inputs.block_tables, inputs.context_lens_before, layout.lens)]).to(dev)
         h = self.inner.embed_tokens(ids)[None]
         cos, sin = self.inner.rotary_emb(h, pos[None])
-        return StepState(inputs.pool, pool, lens, held, new, masks, cos, sin, h)
+        return StepState(inputs.pool, self.pool(inputs.pool, inputs.num_blocks, inputs.block_tokens), layout, new,
+                         cos, sin, h)
 
     def stage(self, i: int, st: "StepState") -> None:
         """Stage i (1 .. num_stages-2) of the batch, all of it on this device: st.h advances."""
         layer = self.inner.layers[(i - 1) // 2]
         if i % 2:
-            st.h = st.h + self._attention(layer, st.h, st.cos, st.sin, st.pool[(i - 1) // 2], st.new, st.held,
-                                          st.masks, st.lens)
+            st.h = st.h + self._attention(layer, st.h, st.cos, st.sin, st.pool[(i - 1) // 2], st.new, st.layout)
         else:
             st.h = st.h + layer.mlp(layer.post_attention_layernorm(st.h))
 
     def finish(self, st: "StepState") -> tuple[int, ...]:
         """The head: each entry's greedy next token."""
-        last = torch.tensor(st.lens, device=self.device).cumsum(0) - 1
+        last = torch.tensor(st.layout.lens, device=self.device).cumsum(0) - 1
         logits = self.model.lm_head(self.inner.norm(st.h[0, last]))
         return tuple(int(x) for x in logits.argmax(-1).tolist())
 
     def _attention(self, layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   kv: tuple[torch.Tensor, torch.Tensor], new: torch.Tensor, held: list[torch.Tensor],
-                   masks: list[torch.Tensor], lens: list[int]) -> torch.Tensor:
+                   kv: tuple[torch.Tensor, torch.Tensor], new: torch.Tensor, layout: "AttentionLayout") -> torch.Tensor:
         a = layer.self_attn
-        return attend(AttentionWeights.of(layer), layer.input_layernorm(h), cos, sin, kv, new, held, masks, lens,
+        return attend(AttentionWeights.of(layer), layer.input_layernorm(h), cos, sin, kv, new, layout,
                       range(self.heads), self.heads // self.kv_heads, self.head_dim, a.scaling)
 
 
@@ -194,10 +189,8 @@ class StepState:
 
     key: tuple  # the replica's pool (`StepInputs.pool`)
     pool: list[tuple[torch.Tensor, torch.Tensor]]
-    lens: list[int]
-    held: list[torch.Tensor]
-    new: torch.Tensor
-    masks: list[torch.Tensor]
+    layout: "AttentionLayout"
+    new: torch.Tensor  # the pool slots the batch's new tokens write
     cos: torch.Tensor
     sin: torch.Tensor
     h: torch.Tensor
@@ -228,9 +221,8 @@ class AttentionWeights:
 
 
 def attend(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-           kv: tuple[torch.Tensor, torch.Tensor], new: torch.Tensor, held: list[torch.Tensor],
-           masks: list[torch.Tensor], lens: list[int], q_heads: range, rep: int, head_dim: int,
-           scaling: float) -> torch.Tensor:
+           kv: tuple[torch.Tensor, torch.Tensor], new: torch.Tensor, layout: AttentionLayout, q_heads: range,
+           rep: int, head_dim: int, scaling: float) -> torch.Tensor:
     """Attention of q heads `q_heads` over a paged pool `kv` holding the KV heads they read
     (`q // rep`, numbered from the first of them): the new tokens' K/V are written to the pool
     at slots `new`, and the output is these heads' part of o_proj (the whole of it when
@@ -249,22 +241,77 @@ def attend(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     kp, vp = kv
     kp[new] = k[0].transpose(0, 1)
     vp[new] = v[0]
-    # q head j reads KV head j // rep; index the pool's heads once per step, not per sequence
-    which = torch.tensor([j // rep - first_kv for j in q_heads], device=x.device)
-    same = nkv * rep == nq and q_heads.start % rep == 0
-    outs, off = [], 0
-    for slots, mask, n in zip(held, masks, lens):
-        if same:
-            keys = kp[slots].transpose(0, 1)[None].repeat_interleave(rep, dim=1)
-            vals = vp[slots].transpose(0, 1)[None].repeat_interleave(rep, dim=1)
+    if nkv * rep == nq and q_heads.start % rep == 0:  # q head j reads KV head j // rep of the pool
+        def heads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # [..., nq, L, d]
+            return pool[slots].transpose(-3, -2).repeat_interleave(rep, dim=-3)
+    else:  # a rank's q heads start mid-group: pick each one's KV head
+        which = torch.tensor([j // rep - first_kv for j in q_heads], device=x.device)
+
+        def heads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            return pool[slots][..., which, :].transpose(-3, -2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    o = x.new_empty(t, nq, head_dim)
+    if layout.decode_rows is not None:
+        qd = q[0][:, layout.decode_rows].transpose(0, 1)  # [B, nq, d]
+        if nkv * rep == nq and q_heads.start % rep == 0:  # a KV head's rep q heads as rep query rows
+            idx = layout.decode_slots
+            out = sdpa(qd.reshape(-1, nkv, rep, head_dim), kp[idx].transpose(1, 2), vp[idx].transpose(1, 2),
+                       attn_mask=layout.decode_keep, scale=scaling).reshape(-1, nq, head_dim)
         else:
-            keys = kp[slots][:, which].transpose(0, 1)[None]
-            vals = vp[slots][:, which].transpose(0, 1)[None]
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, off:off + n], keys, vals, attn_mask=mask, scale=scaling))
-        off += n
-    o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, t, nq * head_dim)
-    return torch.nn.functional.linear(o, w.o, w.bo if q_heads.start == 0 else None)
+            out = sdpa(qd[:, :, None], heads(kp, layout.decode_slots), heads(vp, layout.decode_slots),
+                       attn_mask=layout.decode_keep, scale=scaling)[:, :, 0]
+        o[layout.decode_rows] = out
+    for row, n, slots, mask in layout.chunks:
+        out = sdpa(q[:, :, row:row + n], heads(kp, slots)[None], heads(vp, slots)[None], attn_mask=mask, scale=scaling)
+        o[row:row + n] = out[0].transpose(0, 1)
+    return torch.nn.functional.linear(o.reshape(1, t, nq * head_dim), w.o, w.bo if q_heads.start == 0 else None)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayout:
+    """Which pool slots each entry of a batch reads. Single-token entries (decodes) attend in
+    one call, their slot lists padded to the longest with each entry's own last slot (a written
+    slot, so no uninitialised value is read) and masked: one kernel per layer, not one per
+    request, which on a GPU was most of a large decode batch's time. Longer entries (prefill
+    chunks) attend one at a time, each under its causal mask."""
+
+    lens: tuple[int, ...]  # tokens each entry feeds
+    read: torch.Tensor  # every slot the batch reads, on the host (mirror syncs)
+    decode_rows: torch.Tensor | None  # the single-token entries' token rows
+    decode_slots: torch.Tensor | None  # [B, L] their slots, padded
+    decode_keep: torch.Tensor | None  # [B, 1, 1, L]: True on a real position
+    chunks: tuple[tuple[int, int, torch.Tensor, torch.Tensor], ...]  # (first row, tokens, slots, causal mask)
+
+    @staticmethod
+    def of(inputs: StepInputs, device: torch.device) -> "AttentionLayout":
+        lens = tuple(len(f) for f in inputs.token_ids)
+        held = [slots_of(table, c + n, inputs.block_tokens) for table, c, n in
+                zip(inputs.block_tables, inputs.context_lens_before, lens)]
+        rows = [0, *itertools.accumulate(lens)][:-1]
+        dec = [i for i, n in enumerate(lens) if n == 1]
+        rows_d = slots_d = keep = None
+        if dec:
+            longest = max(len(held[i]) for i in dec)
+            slots_d = torch.stack([torch.cat([held[i], held[i][-1:].expand(longest - len(held[i]))]) for i in dec])
+            keep = torch.arange(longest)[None, :] < torch.tensor([len(held[i]) for i in dec])[:, None]
+            rows_d, slots_d, keep = torch.tensor([rows[i] for i in dec]).to(device), slots_d.to(device), keep.to(device)
+            keep = keep[:, None, None, :]
+        chunks = tuple((rows[i], n, held[i].to(device), _causal(c, n, device))
+                       for i, (n, c) in enumerate(zip(lens, inputs.context_lens_before)) if n != 1)
+        return AttentionLayout(lens, torch.cat(held), rows_d, slots_d, keep, chunks)
+
+    def to(self, device: torch.device) -> "AttentionLayout":
+        """The same layout with its tensors on `device` (a copy: what moves to a rank)."""
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, copy=True)
+
+        return AttentionLayout(self.lens, self.read, mv(self.decode_rows), mv(self.decode_slots), mv(self.decode_keep),
+                               tuple((r, n, mv(s), mv(m)) for r, n, s, m in self.chunks))
+
+
+def _causal(context: int, n: int, device: torch.device) -> torch.Tensor:
+    """[n, context + n]: new token j sees every cached position and new tokens up to itself."""
+    return torch.arange(context + n, device=device)[None, :] <= (context + torch.arange(n, device=device))[:, None]
 
 
 def slots_of(table: tuple[int, ...], n: int, block_tokens: int) -> torch.Tensor:

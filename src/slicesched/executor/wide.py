@@ -312,7 +312,7 @@ def _compute(model: PagedModel, i: int, norm: torch.nn.Module, w: AttentionWeigh
     if rank == 0:  # home's pool holds every KV head: this rank's are a view of it
         kh = kv_heads_of(qh, rep)
         kv = (kv[0].narrow(1, kh.start, len(kh)), kv[1].narrow(1, kh.start, len(kh)))
-    return attend(w, x, st.cos, st.sin, kv, new, st.held, st.masks, st.lens, qh, rep, model.head_dim, a.scaling)
+    return attend(w, x, st.cos, st.sin, kv, new, st.layout, qh, rep, model.head_dim, a.scaling)
 
 
 def _to_rank(st: StepState, device: torch.device) -> StepState:
@@ -321,7 +321,7 @@ def _to_rank(st: StepState, device: torch.device) -> StepState:
     def mv(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, copy=True)
 
-    return StepState(st.key, st.pool, st.lens, [mv(h) for h in st.held], mv(st.new), [mv(m) for m in st.masks],
+    return StepState(st.key, st.pool, st.layout.to(device), mv(st.new),
                      mv(st.cos), mv(st.sin), mv(st.h))
 
 
@@ -349,7 +349,7 @@ def mark_written(ctx: WideContext, key: tuple, layer: int, slots: torch.Tensor) 
 
 def _sync_mirror(ctx: WideContext, st: StepState, m: Mirror, layer: int, moved: StepState) -> None:
     """Copy the slots this stage reads that the mirror lacks, from home's pool."""
-    read = torch.cat(st.held).cpu()
+    read = st.layout.read
     stale = read[~m.synced[layer][read]]
     if not len(stale):
         return
