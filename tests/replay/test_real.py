@@ -4,6 +4,7 @@ every request's tokens equal eager greedy generation of the same model."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -93,6 +94,18 @@ def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(set
             g = build_iteration(model_spec(t.model), BatchShape.decode(2, 30), tp)
             assert cost.stages.stage_times(g, "cpu") is not None
     assert cost.stages.dispatch_s["cpu"] > 0
+
+
+def test_a_calibration_prices_the_served_clusters_device_type(setup):
+    """On a GPU the served scenario keeps its own device type (here an H100 cluster): the
+    calibration's rows are that type's, so the prediction is priced by them, not the roofline."""
+    h100 = setup.scenario.cluster.model_copy(update={"device": "H100-80GB", "intra_link": "nvlink4"})
+    gpu = replace(setup, scenario=setup.scenario.model_copy(update={"cluster": h100}))
+    prof = calibrate(gpu, repeats=1, grid=(StepShape.of((1, 20)), StepShape.of((8, 16))))
+    name = h100.build().device_specs[0].name
+    assert set(prof.df["device"]) == {name}
+    g = build_iteration(model_spec(setup.scenario.tenants[0].model), BatchShape.decode(2, 30), 1)
+    assert CalibratedCostModel(prof).stages.stage_times(g, name) is not None
 
 
 def test_a_tensor_parallel_tenant_is_served_over_its_devices_with_eager_tokens(tmp_path):

@@ -59,7 +59,7 @@ class StepShape:
 def _grid() -> tuple[StepShape, ...]:
     """Decode batches by context, prefill chunks by context, and chunks riding with decodes (as
     chunked prefill batches them): the shapes a served CPU tenant's steps take."""
-    decodes = [StepShape.of(*[(1, c)] * b) for b in (1, 2, 4, 8) for c in (32, 128, 384)]
+    decodes = [StepShape.of(*[(1, c)] * b) for b in (1, 2, 4, 8, 16, 32) for c in (32, 128, 384)]
     prefills = [StepShape.of((n, c)) for n in (16, 64, 128) for c in (0, 128)] + [StepShape.of((64, 0), (64, 0))]
     mixed = [StepShape.of((64, 0), *[(1, 128)] * 4), StepShape.of((32, 0), *[(1, 64)] * 8),
              StepShape.of((96, 0), (1, 200), (1, 200))]
@@ -225,14 +225,17 @@ def _at_once(executor: Executor) -> int:
 
 def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, Callable[[torch.device], PagedModel]],
                       executor: Executor, devices: Mapping[str, int], grid: Sequence[StepShape] = GRID,
-                      repeats: int = 10, together: bool | int = False, seed: int = 0, wide: bool = True) -> Profile:
+                      repeats: int = 10, together: bool | int = False, seed: int = 0, wide: bool = True,
+                      device_names: Sequence[str] = ()) -> Profile:
     """Time every tenant's steps over `grid` on its device of `executor` (`devices`: tenant ->
     device) and return them as a profile (stage and dispatch rows). `together`: devices run one
     of their steps at the same time (contending for the host, as served tenants do): a number,
     that many at a time; True, every device, or on CPU devices as many as the host has cores
     (`_at_once`); else one step at a time. `wide`: each tenant's steps also run tensor-parallel
     over its device and the next one (shards staged there), priced as its TP-2 blocks: the wide
-    iterations SliceScheduler's loans run (`executor/wide.py`)."""
+    iterations SliceScheduler's loans run (`executor/wide.py`). `device_names`: per executor
+    device, the device type of the served cluster it stands for (the key a `CalibratedCostModel`
+    prices that cluster's devices by; default `cpu`)."""
     cluster = Cluster.homogeneous("cpu", 1, executor.num_devices, intra_link="local")
     gmg = GlobalMappingGraph(cluster, dict(models), {t: Container(t, (d,)) for t, d in devices.items()})
     backend = ExecutorBackend(executor, gmg, factories)
@@ -251,7 +254,8 @@ def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, C
             samples[i].append((stages, dispatch))
     rows = []
     for j, g, s in zip(jobs, graphs, samples):
-        rows += _rows(g, np.stack([x for x, _ in s]), np.array([d for _, d in s]), cluster.device_specs[j.device].name)
+        name = device_names[j.device] if device_names else cluster.device_specs[j.device].name
+        rows += _rows(g, np.stack([x for x, _ in s]), np.array([d for _, d in s]), name)
     df = pd.DataFrame(rows)
     df.insert(1, "torch_version", torch.__version__)
     df.insert(2, "kernel_backend", f"executor/serving-steps/threads{torch.get_num_threads()}")

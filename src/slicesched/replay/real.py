@@ -129,7 +129,9 @@ def calibrate(setup: RealSetup, repeats: int = 10, together: bool | int = False,
     if setup.torch_device == "cpu":  # as `serve` runs them: one thread per device worker
         torch.set_num_threads(1)
     try:
-        return calibrate_serving(models, _factories(setup), executor, devices, grid, repeats, together)
+        names = [spec.name for spec in sc.cluster.build().device_specs]  # the served cluster's devices, priced by these rows
+        return calibrate_serving(models, _factories(setup), executor, devices, grid, repeats, together,
+                                 device_names=names)
     finally:
         torch.set_num_threads(threads)
         executor.close()
