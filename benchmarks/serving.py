@@ -1,11 +1,11 @@
 """Real serving on CPU: a hot tenant beside two calm ones, under `dedicated` and `slicesched`,
 SliceScheduler's loans run on the executor.
 
-    python benchmarks/serving.py [ROUNDS] [--device cuda] [--out FOLDER] [--calibration-repeats N]
+    python benchmarks/serving.py [ROUNDS] [--device cuda [--scaled]] [--out FOLDER] [--calibration-repeats N]
 
 Prints one figure per line as `name: value unit`. The scenario is `scenarios/loans_cpu.toml`:
 three tenants (scaled-down random-weight Llama-3-8B and two Qwen2.5-1.5B on CPU; at full size
-with `--device cuda`), one executor device each, one torch thread per device worker, served
+with `--device cuda`, unless `--scaled`), one executor device each, one torch thread per device worker, served
 through the replay driver on the executor (`replay/real.py`) on a wall clock. The hot tenant's
 long prompts keep its device busy; the calm ones idle until a burst at 2.5 s takes their devices
 back. Under `slicesched` the loans happen (staged shards, an overflow replica loaded from host
@@ -105,11 +105,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("rounds", nargs="?", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="torch device of every executor device (cuda: full-size models)")
+    ap.add_argument("--scaled", action="store_true", help="with --device cuda: the scaled-down float32 models")
     ap.add_argument("--out", type=Path, help="also write the figures to FOLDER/serving.json")
     ap.add_argument("--calibration-repeats", type=int, default=10, help="repeats of each calibration step")
     args = ap.parse_args()
     setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
-                       torch_device=args.device, **({} if args.device == "cpu" else {"device_memory_bytes": 20e9}))
+                       torch_device=args.device, scaled=args.scaled or args.device == "cpu",
+                       **({} if args.device == "cpu" or args.scaled else {"device_memory_bytes": 20e9}))
     models = {t: build_model(setup.configs[t], setup.seeds[t], args.device) for t in setup.configs}
     refs: dict[tuple, tuple[int, ...]] = {}  # every round serves the same requests
 
@@ -124,7 +126,7 @@ def main() -> None:
     for _ in range(args.rounds):
         _round(setup, eager, figs, sums, args.calibration_repeats)
     print("cost_model: calibrated on the served models' steps before each round")
-    print(f"device: {args.device}")
+    print(f"device: {args.device}{' (scaled float32 models)' if args.scaled else ''}")
     print(f"rounds: {args.rounds}")
     print(f"load_avg_1m: {os.getloadavg()[0]:.2f} processes")
     out = {}
