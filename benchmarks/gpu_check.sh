@@ -17,13 +17,13 @@ python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 
   || { echo "gpu_check: no CUDA device visible to torch" >&2; exit 2; }
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 status=0
-timeout 200 python3 benchmarks/serving.py 1 --device cuda --calibration-repeats 2 --out "$out/full" 2>&1 \
+timeout 300 python3 benchmarks/serving.py 1 --device cuda --calibration-repeats 1 --out "$out/full" 2>&1 \
   | tee "$out/serving.log"
 status=$(( status | ${PIPESTATUS[0]} ))
-timeout 75 python3 benchmarks/serving.py 1 --device cuda --scaled --calibration-repeats 2 --out "$out/scaled" 2>&1 \
+timeout 60 python3 benchmarks/serving.py 1 --device cuda --scaled --calibration-repeats 2 --out "$out/scaled" 2>&1 \
   | tee "$out/serving_scaled.log"
 status=$(( status | ${PIPESTATUS[0]} ))
-timeout 100 python3 -m pytest -p no:cacheprovider -q -rs \
+timeout 90 python3 -m pytest -p no:cacheprovider -q -rs \
   tests/executor/test_cuda.py tests/executor/test_wide.py tests/executor/test_backend_loans.py \
   tests/replay/test_real_loans.py -k "cuda or gpu or wide or backend_loans" 2>&1 | tee "$out/cuda_tests.log"
 status=$(( status | ${PIPESTATUS[0]} ))
