@@ -17,7 +17,7 @@ Each of ROUNDS (default 3) rounds first calibrates (`replay.real.calibrate`: the
 real steps through the executor over a grid of batch shapes, apart from any served run, as many
 devices stepping at once as the host has cores), then serves the trace under each scheduler and
 has the simulator predict it (`replay.real.predict`: the same scenario and trace, the scheduler deciding in the
-simulator, priced by that calibration). The machine's other load changes from minute to minute,
+simulator, priced by that calibration, CPU device threads sharing the host's cores). The machine's other load changes from minute to minute,
 so a calibration serves only the runs right after it; figures are medians over rounds
 (`rounds: ...` lists each), and `load_avg_1m` says how busy the machine was.
 

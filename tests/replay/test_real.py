@@ -77,6 +77,20 @@ def test_a_prediction_from_a_calibration_of_constant_stages_gives_every_request_
     assert min(r.ttft_s for r in pred.requests) >= 1.55e-3 * (1 - 1e-9)
 
 
+def test_the_prediction_shares_the_hosts_cores_between_device_threads(setup):
+    """At 20x the trace's rate both tenants often step at once: on one core their steps share it
+    and requests wait longer on average; with a core per device the prediction is the one-stream
+    simulator's, exactly."""
+    cost = scenario_cost(setup.scenario)
+
+    def ttfts(cores):
+        return [r.ttft_s for r in predict(setup, "dedicated", cost, rate_scale=20, host_cores=cores).requests]
+
+    plain = ttfts(0)
+    assert ttfts(setup.scenario.cluster.num_devices) == plain
+    assert sum(ttfts(1)) > 1.3 * sum(plain)
+
+
 def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(setup):
     """The real calibration (a short one): its profile has stage fits for every block of both
     served models, at home and tensor-parallel over their device and the other (the wide steps

@@ -94,9 +94,10 @@ def test_a_guest_starved_by_the_owner_resumes_when_the_owner_ends() -> None:
     assert both["b"] == pytest.approx(owner + alone)
 
 
-def test_sharing_refuses_a_single_stream_and_the_constant_slowdown_beside_it() -> None:
+def test_sharing_refuses_a_single_stream_without_host_cores_and_the_constant_slowdown_beside_it() -> None:
     with pytest.raises(ValueError, match="streams >= 2"):
         SharingModel(streams=1)
+    assert SharingModel(streams=1, host_cores=2).streams == 1  # host cores alone: one slice per device
     with pytest.raises(ValueError, match="give it alone"):
         Simulator(world({"a": (BIG, (0,))}), COST, stream_slowdown=0.5, sharing=SharingModel())
 
@@ -169,3 +170,29 @@ def test_aborting_an_iteration_gives_its_share_back_to_the_slices_beside_it() ->
         return {k: t for _, k, t in sim.log.iterations}[hb.key]
 
     assert guest_end(abort=True) < guest_end(abort=False)
+
+
+def _host_ends(sharing: SharingModel | None, nodes: int = 1, wake: str = "slice") -> list[float]:
+    """The same decode on device 0 (tenant a) and on the other tenant's device, both placed at 0
+    (`wake`: how `execute` runs them, per slice or per iteration, as the replay driver does)."""
+    other = 1 if nodes == 1 else 2  # the second device of node 0, or the first of node 1
+    gmg = world({"a": (BIG, (0,)), "b": (BIG, (other,))}, nodes=nodes)
+    sim = Simulator(gmg, COST, sharing=sharing)
+    hs = [sim.add_iteration(build_iteration(BIG, DECODE, tenant=t, grain=Grain.LAYER)) for t in "ab"]
+    decision = SchedulerDecision(0.0, tuple(SlicePlacement(h.slice_base, d, h.num_slices)
+                                            for h, d in zip(hs, (0, other))))
+    while sim.execute(decision, wake=wake).completed:
+        decision = SchedulerDecision(sim.now)
+    end = {key: t for _, key, t in sim.log.iterations}
+    return [end[h.key] for h in hs]
+
+
+def test_device_threads_beyond_the_hosts_cores_share_them() -> None:
+    """Two devices of one node step at once: on one core each takes twice as long as alone;
+    on two cores, or on two nodes, exactly as long as in the one-stream simulator."""
+    alone = _host_ends(None)
+    assert _host_ends(SharingModel(streams=1, host_cores=2)) == alone
+    assert _host_ends(SharingModel(streams=1, host_cores=1)) == pytest.approx([2 * t for t in alone], rel=1e-9)
+    assert _host_ends(SharingModel(streams=1, host_cores=1), nodes=2) == _host_ends(None, nodes=2)
+    assert _host_ends(SharingModel(streams=1, host_cores=1), wake="iteration") == \
+        _host_ends(SharingModel(streams=1, host_cores=1))  # no segment forms: rates change as threads come and go

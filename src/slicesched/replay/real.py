@@ -16,6 +16,7 @@ models the driver prices, the SLOs and the simulator's prediction are those of w
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,7 +39,7 @@ from slicesched.replay.live import LiveDriver
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
-from slicesched.sim import Simulator
+from slicesched.sim import SharingModel, Simulator
 
 DEFAULT_DEVICE_MEMORY = 256 * 2**20  # a CPU device's budget: far more than two small models need
 
@@ -222,15 +223,28 @@ def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, in
 
 
 def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
-            window_s: float | None = None) -> RunResult:
-    """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone."""
+            window_s: float | None = None, host_cores: float | None = None) -> RunResult:
+    """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone.
+    `host_cores`: the cores the executor's device threads share (`host_sharing`; 0: not modelled)."""
     sc = setup.scenario
     window = sc.replay.duration_s if window_s is None else window_s
+    sharing = host_sharing(setup, host_cores)
     driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                           rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
-                          backend=lambda gmg, c: Simulator(gmg, c, record=False),
+                          backend=lambda gmg, c: Simulator(gmg, c, record=False, sharing=sharing),
                           device_memory_bytes=setup.device_memory_bytes)
     return driver.run()
+
+
+def host_sharing(setup: RealSetup, cores: float | None = None) -> SharingModel | None:
+    """How the prediction shares the host between executor devices: CPU devices are threads of
+    this process, so more of them stepping at once than it has cores (default: the cores this
+    process may run on) share those cores (a scenario's node is taken as one host; the driver's
+    own thread is not counted). CUDA devices, or `cores` 0: not modelled (a GPU's kernels run on
+    the GPU; its host threads are not modelled)."""
+    if torch.device(setup.torch_device).type != "cpu" or cores == 0:
+        return None
+    return SharingModel(streams=1, host_cores=float(cores or len(os.sched_getaffinity(0))))
 
 
 def prediction_table(measured: list[RunResult], predicted: list[RunResult]) -> pd.DataFrame:

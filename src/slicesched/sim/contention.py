@@ -32,8 +32,16 @@ The model, and what it assumes:
 - A slice on several devices (tensor parallel) progresses at the lowest rate any of its
   devices gives it; the share it leaves unused on the others is not redistributed.
 
+- Host cores (`host_cores`, off by default). Where devices are worker threads of one host (the
+  executor's CPU devices: each device steps its slices in a thread of its own), a node's
+  devices share its cores: a slice holds one thread on each of its devices there, and while T
+  threads run on a node of C cores each runs at min(1, C / T) (the OS's time sharing, fair
+  between threads). With `streams = 1` this is the whole model: one slice per device, slowed
+  only when more devices step at once than the host has cores.
+
 Not modelled: kernel-level interleaving within a slice, cache effects beyond the owner bound,
-power or clock throttling under load.
+power or clock throttling under load; for host cores, the memory bandwidth and caches the
+threads share, and threads other than the devices' (the driver's own).
 """
 
 from __future__ import annotations
@@ -72,10 +80,13 @@ class SharingModel:
     min_sm: float = 1 / 16  # SMs any running slice holds
     # (tenant, device, SM share): MPS percentages / green contexts
     partitions: tuple[tuple[str, int, float], ...] = field(default=())
+    host_cores: float = 0.0  # > 0: a node's devices are threads sharing this many cores
 
     def __post_init__(self) -> None:
-        if self.streams < 2:
-            raise ValueError(f"spatial sharing needs streams >= 2, got {self.streams}")
+        if self.streams < 2 and not (self.streams == 1 and self.host_cores > 0):
+            raise ValueError(f"spatial sharing needs streams >= 2 (1 only with host_cores), got {self.streams}")
+        if self.host_cores < 0:
+            raise ValueError(f"host_cores must be >= 0 (0: not modelled), got {self.host_cores}")
         if self.owner_bound < 0:
             raise ValueError(f"owner_bound must be >= 0, got {self.owner_bound}")
         for name in ("compute_ceiling", "mem_ceiling", "sm_for_bandwidth", "min_sm"):
@@ -146,6 +157,9 @@ class Sharing:
         self.shares: dict[int, Share] = {}
         self.on: list[set[int]] = [set() for _ in owners]
         self.work: dict[int, list[float]] = {}  # slice -> [work left at `since`, since, rate]
+        node = demands.cluster.device_node.tolist() if model.host_cores > 0 else None
+        self.node_of: list[int] | None = node  # device -> node, where host cores are modelled
+        self.node_devs = {n: tuple(d for d, m in enumerate(node) if m == n) for n in set(node)} if node else {}
 
     @classmethod
     def build(cls, model: SharingModel | None, timing: "TimingCache", gmg: "GlobalMappingGraph",
@@ -162,7 +176,9 @@ class Sharing:
         return run._replace(scale=(now - run.start) / max(run.timing.slice_dur[run.local], 1e-300))
 
     def copy(self, keep: "Collection[int] | None" = None) -> "Sharing":
-        f = Sharing(self.model, self.demands, self.owners)
+        f = Sharing.__new__(Sharing)
+        f.model, f.demands, f.owners, f.node_of, f.node_devs = (self.model, self.demands, self.owners, self.node_of,
+                                                               self.node_devs)
         f.shares = {s: sh for s, sh in self.shares.items() if keep is None or s in keep}
         f.on = [{s for s in on if s in f.shares} for on in self.on]
         f.work = {s: list(self.work[s]) for s in f.shares}
@@ -211,17 +227,28 @@ class Sharing:
         return w
 
     def _rerate(self, devs: tuple[int, ...], now: float) -> dict[int, float]:
+        if self.node_of is not None:  # a thread starting or ending changes every rate on its hosts
+            devs = tuple({x for n in {self.node_of[d] for d in devs} for x in self.node_devs[n]})
         touched = {x for d in devs for x in self.on[d]}
         per_dev = {d: self._fill(d) for d in {d for x in touched for d in self.shares[x].devs}}
+        host = self._host_rates(touched) if self.node_of is not None else None
         ends = {}
         for x in touched:
             r = min(per_dev[d][x] for d in self.shares[x].devs)
+            if host is not None:
+                r = min(r, min(host[self.node_of[d]] for d in self.shares[x].devs))
             w = self.work[x]
             if r != w[2]:
                 self._advance(x, now)
                 w[2] = r
                 ends[x] = _end(w)
         return ends
+
+    def _host_rates(self, touched: set[int]) -> dict[int, float]:
+        """Per node of the touched slices: the rate of each thread on it, min(1, cores / threads)."""
+        nodes = {self.node_of[d] for x in touched for d in self.shares[x].devs}
+        cores = self.model.host_cores
+        return {n: min(1.0, cores / max(1, sum(len(self.on[d]) for d in self.node_devs[n]))) for n in nodes}
 
     def _fill(self, d: int) -> dict[int, float]:
         """Rates on device d: owners filled first, guests from what is left."""
@@ -286,7 +313,8 @@ def dispatch(sim: "Simulator") -> list["Event"]:
     each where its devices have a free stream; a guest never takes a device's last free stream,
     so an owner's next slice always finds one and waits for no guest."""
     share, free, queue = sim.share, sim._free, sim.queue
-    ranked = sorted((share.priority(info.tenant, sim._devs(g)), i, s, g, info)
+    multi = share.model.streams > 1  # one stream per device (host cores alone): queue order, as a device thread runs
+    ranked = sorted((share.priority(info.tenant, sim._devs(g)) if multi else HIGH, i, s, g, info)
                     for i, (_, s, g, info) in enumerate(queue.items))  # owners first, each in queue order
     ev: list[Event] = []
     for prio, _, s, g, info in ranked:

@@ -348,6 +348,8 @@ class Segments:
         running slice; exact, since the plan starts from the slice's known end). With one stream
         per device, running slices hold disjoint devices and planning one changes nothing another
         reads, so the single-chain ones (the common case) are planned together."""
+        if self.sim.share is not None:  # rates change as neighbours start and end: per-slice events
+            return
         lone = []
         for s in sorted(self.sim._running):
             run = self.sim._running.get(s)
