@@ -24,6 +24,8 @@ so a calibration serves only the runs right after it; figures are medians over r
 Per scheduler (`serving_<scheduler>_...`): `ttft_p50_ms`, `ttft_p99_ms`, `tpot_p50_ms`,
 `tpot_p99_ms` measured; `..._predicted_ms` and `..._ratio` (predicted / measured);
 `output_tokens_per_s` (generated tokens over first arrival to last token); `requests`, `ooms`;
+`step_mean_ms` (busy device seconds per iteration: slow steps or long queues?) and
+`iterations`, each measured and predicted; `serving_calibration_s` (the calibration's wall time);
 `token_mismatches` (requests whose tokens differ from eager greedy generation, summed over
 rounds). For slicesched, what its loans did on the devices (`ExecutorBackend.loan_report`,
 summed over rounds): `wide_iterations` (whole, MLP-only and mixed), `whole_iterations`,
@@ -63,10 +65,16 @@ def _pct(requests, what: str, q: float) -> float:
     return float(np.nanpercentile([getattr(r, f"{what}_s") for r in requests], q) * 1e3)
 
 
+def _step_ms(res) -> float:
+    """Busy device seconds per iteration run (a wide one counts each of its devices)."""
+    busy = sum(float((b[:, 1] - b[:, 0]).sum()) for b in res.busy.values() if len(b))
+    return busy / max(res.stats.iterations, 1) * 1e3
+
+
 def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], repeats: int) -> None:
     t0 = time.perf_counter()
     cost = CalibratedCostModel(calibrate(setup, repeats=repeats, together=True))
-    print(f"(calibrated in {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    figs.setdefault("serving_calibration_s", []).append(time.perf_counter() - t0)
     for name in SCHEDULERS:
         t0 = time.perf_counter()
         run = serve(setup, name, cost=cost)
@@ -80,6 +88,10 @@ def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], r
             for q in (50, 99):
                 a, b = _pct(res.requests, what, q), _pct(pred.requests, what, q)
                 got |= {f"{what}_p{q}_ms": a, f"{what}_p{q}_predicted_ms": b, f"{what}_p{q}_ratio": b / a}
+        # where the time went: steps (busy device seconds per iteration) or queues
+        a, b = _step_ms(res), _step_ms(pred)
+        got |= {"step_mean_ms": a, "step_mean_predicted_ms": b, "step_mean_ratio": b / a,
+                "iterations": res.stats.iterations, "iterations_predicted": pred.stats.iterations}
         for k, v in got.items():
             figs.setdefault(f"serving_{name}_{k}", []).append(v)
         key = f"serving_{name}_token_mismatches"
@@ -94,6 +106,7 @@ def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], r
 
 def _unit(name: str) -> str:
     for suffix, unit in (("_ms", "ms"), ("_ratio", "x"), ("tokens_per_s", "tok/s"), ("requests", "requests"),
+                         ("calibration_s", "s"), ("iterations", "iterations"), ("iterations_predicted", "iterations"),
                          ("ooms", "events"), ("mismatches", "requests"), ("bytes_moved", "bytes"),
                          ("guests_stopped", "replicas")):
         if name.endswith(suffix):
