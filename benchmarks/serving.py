@@ -14,10 +14,13 @@ tensor-parallel over home and lent devices where the what-if, priced by the cali
 they pay).
 
 Each of ROUNDS (default 3) rounds first calibrates (`replay.real.calibrate`: the served models'
-real steps through the executor over a grid of batch shapes, apart from any served run, as many
-devices stepping at once as the host has cores), then serves the trace under each scheduler and
-has the simulator predict it (`replay.real.predict`: the same scenario and trace, the scheduler deciding in the
-simulator, priced by that calibration, CPU device threads sharing the host's cores). The machine's other load changes from minute to minute,
+real steps through the executor over a grid of batch shapes, apart from any served run; on CPU
+once one step at a time and once as many devices stepping at once as the host has cores, their
+ratio the host's slowdown with every core busy, `serving_host_slowdown`; on CUDA all at once),
+then serves the trace under each scheduler and has the simulator predict it
+(`replay.real.predict`: the same scenario and trace, the scheduler deciding in the simulator,
+priced by the steps alone, CPU device threads and the driver's sharing the host's cores, as
+`replay.real.host_sharing` says). The machine's other load changes from minute to minute,
 so a calibration serves only the runs right after it; figures are medians over rounds
 (`rounds: ...` lists each), and `load_avg_1m` says how busy the machine was.
 
@@ -50,7 +53,7 @@ import numpy as np
 from slicesched.config import load_scenario
 from slicesched.cost import CalibratedCostModel
 from slicesched.executor.serving import build_model, greedy_reference
-from slicesched.replay.real import calibrate, predict, real_setup, serve
+from slicesched.replay.real import calibrate, host_slowdown, predict, real_setup, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "loans_cpu.toml"
@@ -73,14 +76,21 @@ def _step_ms(res) -> float:
 
 def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], repeats: int) -> None:
     t0 = time.perf_counter()
-    cost = CalibratedCostModel(calibrate(setup, repeats=repeats, together=True))
+    busy = calibrate(setup, repeats=repeats, together=True)
+    slowdown = 1.0
+    if setup.torch_device == "cpu":  # steps alone price the prediction, the host's busy cores slow them
+        alone = calibrate(setup, repeats=repeats, together=False)
+        slowdown = host_slowdown(alone, busy)
+        busy = alone
+    cost = CalibratedCostModel(busy)
     figs.setdefault("serving_calibration_s", []).append(time.perf_counter() - t0)
+    figs.setdefault("serving_host_slowdown", []).append(slowdown)
     for name in SCHEDULERS:
         t0 = time.perf_counter()
         run = serve(setup, name, cost=cost)
         print(f"(served {name} in {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         res = run.result
-        pred = predict(setup, name, cost)
+        pred = predict(setup, name, cost, host_slowdown=slowdown)
         tokens = sum(r.num_generated for r in res.requests)
         got = {"requests": len(res.requests), "ooms": res.stats.ooms,
                "output_tokens_per_s": tokens / (res.makespan_s - min(r.arrival_s for r in res.requests))}

@@ -436,7 +436,8 @@ def profile(
     serving: Optional[Path] = typer.Option(None, help="a scenario: time its served models' real steps through "
                                            "the executor (stages and dispatch; what `replay --backend executor "
                                            "--profile` predicts best by) instead of single ops"),
-    together: bool = typer.Option(True, help="--serving: devices step at once (as many as the host has cores, on CPU), as served tenants contend"),
+    together: bool = typer.Option(False, help="--serving: devices step at once (as many as the host has cores, on CPU); "
+                                  "off: one at a time, as the prediction wants (it shares the host's cores itself)"),
 ) -> None:
     """Measure op latencies on this machine (CPU) over a grid of shapes and save a profile."""
     _need_executor("profile")

@@ -71,7 +71,7 @@ def test_a_prediction_from_a_calibration_of_constant_stages_gives_every_request_
     shorter than one step."""
     law = {"embed": {"one": 100e-6}, "attention": {"one": 300e-6}, "mlp": {"one": 200e-6}, "head": {"one": 150e-6}}
     specs = [model_spec(t.model) for t in setup.scenario.tenants]
-    pred = predict(setup, "dedicated", CalibratedCostModel(stage_profile(specs, 50e-6, law)))
+    pred = predict(setup, "dedicated", CalibratedCostModel(stage_profile(specs, 50e-6, law)), host_cores=0)  # host not shared
     tpots = [r.tpot_s for r in pred.requests if r.num_generated > 1]
     assert len(tpots) >= 6 and tpots == pytest.approx([1.55e-3] * len(tpots), rel=1e-6)
     assert min(r.ttft_s for r in pred.requests) >= 1.55e-3 * (1 - 1e-9)
@@ -79,16 +79,30 @@ def test_a_prediction_from_a_calibration_of_constant_stages_gives_every_request_
 
 def test_the_prediction_shares_the_hosts_cores_between_device_threads(setup):
     """At 20x the trace's rate both tenants often step at once: on one core their steps share it
-    and requests wait longer on average; with a core per device the prediction is the one-stream
-    simulator's, exactly."""
+    and requests wait longer on average; with a core per device thread and one for the driver's
+    the prediction is the one-stream simulator's, exactly."""
     cost = scenario_cost(setup.scenario)
 
     def ttfts(cores):
         return [r.ttft_s for r in predict(setup, "dedicated", cost, rate_scale=20, host_cores=cores).requests]
 
     plain = ttfts(0)
-    assert ttfts(setup.scenario.cluster.num_devices) == plain
+    assert ttfts(setup.scenario.cluster.num_devices + 1) == plain  # a core for each device and the driver
     assert sum(ttfts(1)) > 1.3 * sum(plain)
+
+
+def test_the_host_slowdown_is_the_busy_calibrations_stage_time_over_the_lone_ones():
+    import pandas as pd
+
+    from slicesched.cost import Profile
+    from slicesched.replay.real import host_slowdown
+
+    def prof(att: float, mlp: float, dispatch: float) -> Profile:
+        return Profile(pd.DataFrame({"device": "cpu", "kind": ["stage_attention", "stage_mlp", "dispatch"],
+                                     "time_s": [att, mlp, dispatch]}), "t")
+
+    assert host_slowdown(prof(2e-3, 1e-3, 1e-4), prof(3e-3, 1.5e-3, 9e-4)) == pytest.approx(1.5)  # dispatch aside
+    assert host_slowdown(prof(2e-3, 1e-3, 1e-4), prof(1e-3, 1e-3, 1e-4)) == 1.0  # never a speed-up
 
 
 def test_a_calibration_prices_the_served_models_every_stage_and_the_dispatch(setup):

@@ -189,10 +189,16 @@ def _host_ends(sharing: SharingModel | None, nodes: int = 1, wake: str = "slice"
 
 def test_device_threads_beyond_the_hosts_cores_share_them() -> None:
     """Two devices of one node step at once: on one core each takes twice as long as alone;
-    on two cores, or on two nodes, exactly as long as in the one-stream simulator."""
+    on two cores, or on two nodes, exactly as long as in the one-stream simulator, unless busy
+    cores slow each other (`host_slowdown`)."""
     alone = _host_ends(None)
     assert _host_ends(SharingModel(streams=1, host_cores=2)) == alone
     assert _host_ends(SharingModel(streams=1, host_cores=1)) == pytest.approx([2 * t for t in alone], rel=1e-9)
     assert _host_ends(SharingModel(streams=1, host_cores=1), nodes=2) == _host_ends(None, nodes=2)
+    busy = SharingModel(streams=1, host_cores=2, host_slowdown=1.5)  # two busy cores share memory bandwidth
+    assert _host_ends(busy) == pytest.approx([1.5 * t for t in alone], rel=1e-9)
+    assert _host_ends(busy, nodes=2) == _host_ends(None, nodes=2)  # one busy core on each host: no slowdown
+    driver = SharingModel(streams=1, host_cores=1, host_other_threads=1)  # a thread besides the devices' runs too
+    assert _host_ends(driver) == pytest.approx([3 * t for t in alone], rel=1e-9)
     assert _host_ends(SharingModel(streams=1, host_cores=1), wake="iteration") == \
         _host_ends(SharingModel(streams=1, host_cores=1))  # no segment forms: rates change as threads come and go

@@ -223,12 +223,12 @@ def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, in
 
 
 def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
-            window_s: float | None = None, host_cores: float | None = None) -> RunResult:
+            window_s: float | None = None, host_cores: float | None = None, host_slowdown: float = 1.0) -> RunResult:
     """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone.
-    `host_cores`: the cores the executor's device threads share (`host_sharing`; 0: not modelled)."""
+    `host_cores`, `host_slowdown`: how the executor's device threads share the host (`host_sharing`)."""
     sc = setup.scenario
     window = sc.replay.duration_s if window_s is None else window_s
-    sharing = host_sharing(setup, host_cores)
+    sharing = host_sharing(setup, host_cores, host_slowdown)
     driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                           rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
                           backend=lambda gmg, c: Simulator(gmg, c, record=False, sharing=sharing),
@@ -236,15 +236,27 @@ def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: fl
     return driver.run()
 
 
-def host_sharing(setup: RealSetup, cores: float | None = None) -> SharingModel | None:
+def host_sharing(setup: RealSetup, cores: float | None = None, slowdown: float = 1.0) -> SharingModel | None:
     """How the prediction shares the host between executor devices: CPU devices are threads of
-    this process, so more of them stepping at once than it has cores (default: the cores this
-    process may run on) share those cores (a scenario's node is taken as one host; the driver's
-    own thread is not counted). CUDA devices, or `cores` 0: not modelled (a GPU's kernels run on
-    the GPU; its host threads are not modelled)."""
+    this process on its cores (default: the cores it may run on), beside the driver's thread,
+    counted as always running (it handles every stage's event); busy cores also slow each other
+    by `slowdown` (`host_slowdown`). A scenario's node is taken as one host. CUDA devices, or
+    `cores` 0: not modelled (a GPU's kernels run on the GPU; its host threads are not modelled)."""
     if torch.device(setup.torch_device).type != "cpu" or cores == 0:
         return None
-    return SharingModel(streams=1, host_cores=float(cores or len(os.sched_getaffinity(0))))
+    return SharingModel(streams=1, host_cores=float(cores or len(os.sched_getaffinity(0))), host_slowdown=slowdown,
+                        host_other_threads=1.0)  # the driver's: it handles every stage's event
+
+
+def host_slowdown(alone: Profile, busy: Profile) -> float:
+    """How much longer the same steps' stages took with every core busy (`calibrate(together=True)`)
+    than one step at a time (`calibrate(together=False)`): the ratio of their summed stage times
+    (both calibrations run the same jobs, so their rows match one for one), at least 1."""
+    def stages(p: Profile) -> float:
+        df = p.df
+        return float(df.loc[df["kind"].astype(str).str.startswith("stage_"), "time_s"].sum())
+
+    return max(1.0, stages(busy) / stages(alone))
 
 
 def prediction_table(measured: list[RunResult], predicted: list[RunResult]) -> pd.DataFrame:

@@ -37,11 +37,14 @@ The model, and what it assumes:
   devices share its cores: a slice holds one thread on each of its devices there, and while T
   threads run on a node of C cores each runs at min(1, C / T) (the OS's time sharing, fair
   between threads). With `streams = 1` this is the whole model: one slice per device, slowed
-  only when more devices step at once than the host has cores.
+  only when more devices step at once than the host has cores. `host_slowdown` adds what busy
+  cores share besides time (memory bandwidth, caches): with all C busy each thread runs that
+  much slower, with one busy not at all, linearly between (a calibration measures it: the same
+  steps alone and C at once).
 
 Not modelled: kernel-level interleaving within a slice, cache effects beyond the owner bound,
-power or clock throttling under load; for host cores, the memory bandwidth and caches the
-threads share, and threads other than the devices' (the driver's own).
+power or clock throttling under load; for host cores, threads other than the devices' (the
+driver's own).
 """
 
 from __future__ import annotations
@@ -81,12 +84,18 @@ class SharingModel:
     # (tenant, device, SM share): MPS percentages / green contexts
     partitions: tuple[tuple[str, int, float], ...] = field(default=())
     host_cores: float = 0.0  # > 0: a node's devices are threads sharing this many cores
+    host_slowdown: float = 1.0  # a thread's slowdown with every core busy (shared memory bandwidth, caches)
+    host_other_threads: float = 0.0  # threads besides the devices' always running on each host (a driver's)
 
     def __post_init__(self) -> None:
         if self.streams < 2 and not (self.streams == 1 and self.host_cores > 0):
             raise ValueError(f"spatial sharing needs streams >= 2 (1 only with host_cores), got {self.streams}")
         if self.host_cores < 0:
             raise ValueError(f"host_cores must be >= 0 (0: not modelled), got {self.host_cores}")
+        if self.host_other_threads < 0:
+            raise ValueError(f"host_other_threads must be >= 0, got {self.host_other_threads}")
+        if self.host_slowdown < 1:
+            raise ValueError(f"host_slowdown must be >= 1, got {self.host_slowdown}")
         if self.owner_bound < 0:
             raise ValueError(f"owner_bound must be >= 0, got {self.owner_bound}")
         for name in ("compute_ceiling", "mem_ceiling", "sm_for_bandwidth", "min_sm"):
@@ -247,8 +256,18 @@ class Sharing:
     def _host_rates(self, touched: set[int]) -> dict[int, float]:
         """Per node of the touched slices: the rate of each thread on it, min(1, cores / threads)."""
         nodes = {self.node_of[d] for x in touched for d in self.shares[x].devs}
-        cores = self.model.host_cores
-        return {n: min(1.0, cores / max(1, sum(len(self.on[d]) for d in self.node_devs[n]))) for n in nodes}
+        return {n: self._thread_rate(sum(len(self.on[d]) for d in self.node_devs[n])) for n in nodes}
+
+    def _thread_rate(self, devices: int) -> float:
+        """A device thread's rate while `devices` of them run on a host (and its other threads):
+        its share of the cores, slowed by the busy cores' contention (linear from none with one
+        busy to `host_slowdown` with all)."""
+        cores, slow = self.model.host_cores, self.model.host_slowdown
+        threads = max(1, devices) + self.model.host_other_threads
+        busy = min(threads, cores)
+        if slow != 1.0 and cores > 1:
+            slow = 1.0 + (slow - 1.0) * max(0.0, busy - 1.0) / (cores - 1.0)
+        return min(1.0, cores / threads) / slow
 
     def _fill(self, d: int) -> dict[int, float]:
         """Rates on device d: owners filled first, guests from what is left."""
