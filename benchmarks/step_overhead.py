@@ -1,0 +1,83 @@
+"""Where a served step's time goes: the model's stages run directly (`PagedModel.run`) against
+the same step through the executor backend (the calibration's path: its graph built and placed,
+handed to the device worker, every stage's event back to the driver, retired).
+
+    python benchmarks/step_overhead.py [--device cuda] [--full] [--repeats N]
+
+One decode batch of 8 sequences at context 128 of Llama-3-8B (scaled down to the CPU size unless
+`--full`), on one executor device. Prints `step_direct_ms` (median over repeats, synchronised),
+`step_backend_ms` (the calibration's stage and dispatch times of the same step, summed),
+`step_backend_over_direct` and `stage_host_ms`: the backend's extra time per stage, the host work
+a stage costs beyond the model's own (on a GPU, what serving pays per stage however small the
+model is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from slicesched.decisions import StepInputs
+from slicesched.executor import DeviceConfig, Executor
+from slicesched.executor.calibration import BLOCK_TOKENS, StepShape, calibrate_serving
+from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config, spec_of
+
+BATCH, CONTEXT = 8, 128
+
+
+def _direct_ms(paged: PagedModel, repeats: int) -> float:
+    """One decode step of BATCH sequences over CONTEXT cached tokens, run by the model itself."""
+    per = -(-(CONTEXT + 1) // BLOCK_TOKENS)
+    tables = tuple(tuple(range(i * per, (i + 1) * per)) for i in range(BATCH))
+    pool = ("direct", 0)
+    prefill = StepInputs(pool, BATCH * per, BLOCK_TOKENS, tuple((7,) * CONTEXT for _ in range(BATCH)),
+                         (0,) * BATCH, tables)
+    paged.run(prefill, lambda i: None)  # writes the context, warms the kernels up
+    step = StepInputs(pool, BATCH * per, BLOCK_TOKENS, tuple((5,) for _ in range(BATCH)), (CONTEXT,) * BATCH, tables)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        paged.run(step, lambda i: None)  # its greedy tokens are read back: the device is synchronised
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu", help="torch device of the executor device")
+    ap.add_argument("--full", action="store_true", help="the full-size model (default: scaled down)")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    if args.device == "cpu":  # one thread per device worker, as serving runs them
+        torch.set_num_threads(1)
+    cfg = served_config(shipped_config("llama-3-8b"), scaled=not args.full)
+    model = build_model(cfg, 1, args.device)
+    paged = PagedModel(model)
+    direct = _direct_ms(paged, args.repeats)
+    executor = Executor([DeviceConfig(args.device)])
+    try:
+        prof = calibrate_serving({"a": spec_of(cfg, "a")}, {"a": lambda dev: paged}, executor, {"a": 0},
+                                 grid=(StepShape.of(*[(1, CONTEXT)] * BATCH),), repeats=args.repeats, wide=False)
+    finally:
+        executor.close()
+    df = prof.df
+    stages = df["kind"].astype(str).str.startswith("stage_")
+    n = int(stages.sum())
+    backend = (float(df.loc[stages, "time_s"].sum()) + float(df.loc[~stages, "time_s"].sum()) * n) * 1e3
+    print(f"model: llama-3-8b {'full' if args.full else 'scaled'} {cfg.get('torch_dtype')}, "
+          f"{n} stages, decode batch {BATCH} at context {CONTEXT}")
+    print(f"device: {args.device} (torch {torch.__version__})")
+    print(f"step_direct_ms: {direct:.3f} ms")
+    print(f"step_backend_ms: {backend:.3f} ms")
+    print(f"step_backend_over_direct: {backend / direct:.2f} x")
+    print(f"stage_host_ms: {(backend - direct) / n:.3f} ms")
+
+
+if __name__ == "__main__":
+    from _docs import record_if_asked
+
+    record_if_asked("step_overhead")
+    main()
