@@ -97,6 +97,28 @@ def test_a_model_step_finishes_with_its_greedy_token_and_every_slice_completed()
         ex.close()
 
 
+def test_waking_per_slice_returns_at_each_stage_and_per_iteration_at_the_step_end_with_every_stage():
+    """Per slice, `execute` returns as soon as a stage ends; per iteration it returns once, the
+    stages the worker logged without waking it reported then, in order."""
+    be, spec, ex = served_backend()
+    try:
+        h, dec = add_step(be, spec, (4, 5, 6))
+        first = be.execute(dec, wake="slice")
+        assert first.completed and h.key not in first.finished_iterations
+        h2, dec2 = add_step(be, spec, (7, 8, 9))
+        done = []
+        out = be.execute(dec2, wake="iteration")
+        while h2.key not in out.finished_iterations:
+            done += [c for c in out.completed if c.slice_id >= h2.slice_base]
+            out = be.execute(SchedulerDecision(be.now), wake="iteration")
+        done += [c for c in out.completed if c.slice_id >= h2.slice_base]
+        assert [c.slice_id for c in done] == list(range(h2.slice_base, h2.slice_base + h2.num_slices))
+        ends = [c.end for c in done]
+        assert ends == sorted(ends) and ends[0] < ends[-1]  # each stage's own end, not the step's
+    finally:
+        ex.close()
+
+
 def test_kv_beyond_the_device_budget_is_refused_as_an_oom_reported_in_the_next_outcome():
     be, spec, ex = served_backend(budget=8e6)
     try:

@@ -207,6 +207,7 @@ class ExecutorBackend:
         if wake not in ("slice", "iteration"):
             raise ValueError(f"execute: wake must be 'slice' or 'iteration', not {wake!r}")
         per_slice = wake == "slice"
+        self.served.wake_each_stage = per_slice
         self.apply(decision)
         completed: list[SliceCompletion] = []
         finished: list[int] = []
@@ -365,11 +366,13 @@ class ExecutorBackend:
         tokens: list[tuple[int, tuple[int, ...]]] = []
         for tenant, device, block in self.served.landed():  # weight copies that landed (woke us: a 1-tuple)
             self.gmg.add_weights(tenant, block, device, self.served.charged[(tenant, device)][block])
-        for ev in events:  # a device worker reports in order; steps of different devices interleave
-            if len(ev) == 6:
-                self.served.on_event(ev, completed, finished, tokens, self._ooms, self.record)
+        # a step's stage ends, logged or woken, in the order its worker reported them (its last
+        # event comes after every stage it logged); steps of different devices interleave
+        steps = sorted(self.served.drain_stages() + [e for e in events if len(e) == 6], key=lambda e: e[2])
+        for ev in steps:
+            self.served.on_event(ev, completed, finished, tokens, self._ooms, self.record)
         self.op_events += len(completed)
-        if events:
+        if events or steps:
             self.version += 1
         for key, rec, oom in sorted((e for e in events if len(e) == 3), key=lambda e: e[1].end):
             self._in_flight -= 1
