@@ -241,7 +241,8 @@ def attend(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     kp, vp = kv
     kp[new] = k[0].transpose(0, 1)
     vp[new] = v[0]
-    if nkv * rep == nq and q_heads.start % rep == 0:  # q head j reads KV head j // rep of the pool
+    grouped = nkv * rep == nq and q_heads.start % rep == 0  # whole GQA groups: q head j reads KV head j // rep
+    if grouped:
         def heads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # [..., nq, L, d]
             return pool[slots].transpose(-3, -2).repeat_interleave(rep, dim=-3)
     else:  # a rank's q heads start mid-group: pick each one's KV head
@@ -253,7 +254,7 @@ def attend(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     o = x.new_empty(t, nq, head_dim)
     if layout.decode_rows is not None:
         qd = q[0][:, layout.decode_rows].transpose(0, 1)  # [B, nq, d]
-        if nkv * rep == nq and q_heads.start % rep == 0:  # a KV head's rep q heads as rep query rows
+        if grouped:  # a KV head's rep q heads as rep query rows
             idx = layout.decode_slots
             out = sdpa(qd.reshape(-1, nkv, rep, head_dim), kp[idx].transpose(1, 2), vp[idx].transpose(1, 2),
                        attn_mask=layout.decode_keep, scale=scaling).reshape(-1, nq, head_dim)
