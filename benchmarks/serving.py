@@ -29,6 +29,8 @@ Per scheduler (`serving_<scheduler>_...`): `ttft_p50_ms`, `ttft_p99_ms`, `tpot_p
 `output_tokens_per_s` (generated tokens over first arrival to last token); `requests`, `ooms`;
 `step_mean_ms` (busy device seconds per iteration: slow steps or long queues?) and
 `iterations`, each measured and predicted; `serving_calibration_s` (the calibration's wall time);
+for slicesched `home_realized_over_forecast` (served and `_predicted`: its home steps' time over
+what its what-if forecast them);
 `token_mismatches` (requests whose tokens differ from eager greedy generation, summed over
 rounds). For slicesched, what its loans did on the devices (`ExecutorBackend.loan_report`,
 summed over rounds): `wide_iterations` (whole, MLP-only and mixed), `whole_iterations`,
@@ -106,7 +108,11 @@ def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], r
             figs.setdefault(f"serving_{name}_{k}", []).append(v)
         key = f"serving_{name}_token_mismatches"
         sums[key] = sums.get(key, 0) + sum(tuple(r.output_ids or ()) != eager(r) for r in res.requests)
-        if name == "slicesched":
+        if name == "slicesched":  # its home steps' realized time over what its what-if forecast, both sides
+            for side, r in (("", res), ("_predicted", pred)):
+                ratio = r.stats.scheduler_report.get("home_realized_over_forecast")
+                if ratio is not None:
+                    figs.setdefault(f"serving_slicesched_home_realized_over_forecast{side}", []).append(ratio)
             for k in LOANS:
                 key = f"serving_slicesched_{RENAME.get(k, k)}"
                 sums[key] = sums.get(key, 0) + run.loans[k]
