@@ -40,11 +40,12 @@ The model, and what it assumes:
   only when more devices step at once than the host has cores. `host_slowdown` adds what busy
   cores share besides time (memory bandwidth, caches): with all C busy each thread runs that
   much slower, with one busy not at all, linearly between (a calibration measures it: the same
-  steps alone and C at once).
+  steps alone and C at once). `host_other_threads` counts threads besides the devices' that run
+  all the time (a driver's): T devices' threads share the cores with them.
 
 Not modelled: kernel-level interleaving within a slice, cache effects beyond the owner bound,
-power or clock throttling under load; for host cores, threads other than the devices' (the
-driver's own).
+power or clock throttling under load; for host cores, threads that run only now and then
+(copy workers, other processes).
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ class Sharing:
         return ends
 
     def _host_rates(self, touched: set[int]) -> dict[int, float]:
-        """Per node of the touched slices: the rate of each thread on it, min(1, cores / threads)."""
+        """Per node of the touched slices: the rate of each device thread on it (`_thread_rate`)."""
         nodes = {self.node_of[d] for x in touched for d in self.shares[x].devs}
         return {n: self._thread_rate(sum(len(self.on[d]) for d in self.node_devs[n])) for n in nodes}
 
@@ -332,9 +333,11 @@ def dispatch(sim: "Simulator") -> list["Event"]:
     each where its devices have a free stream; a guest never takes a device's last free stream,
     so an owner's next slice always finds one and waits for no guest."""
     share, free, queue = sim.share, sim._free, sim.queue
-    multi = share.model.streams > 1  # one stream per device (host cores alone): queue order, as a device thread runs
-    ranked = sorted((share.priority(info.tenant, sim._devs(g)) if multi else HIGH, i, s, g, info)
-                    for i, (_, s, g, info) in enumerate(queue.items))  # owners first, each in queue order
+    if share.model.streams > 1:  # owners first, each in queue order
+        ranked = sorted((share.priority(info.tenant, sim._devs(g)), i, s, g, info)
+                        for i, (_, s, g, info) in enumerate(queue.items))
+    else:  # one stream per device (host cores alone): queue order, as a device thread runs
+        ranked = [(HIGH, i, s, g, info) for i, (_, s, g, info) in enumerate(queue.items)]
     ev: list[Event] = []
     for prio, _, s, g, info in ranked:
         devs = sim._devs(g)
