@@ -155,8 +155,7 @@ class PagedModel:
         layout = AttentionLayout.of(inputs, dev)
         ids = torch.tensor([t for f in inputs.token_ids for t in f], device=dev)
         pos = torch.cat([torch.arange(c, c + n) for c, n in zip(inputs.context_lens_before, layout.lens)]).to(dev)
-        new = torch.cat([slots_of(table, c + n, inputs.block_tokens)[c:] for table, c, n in
-                         zip(inputs.block_tables, inputs.context_lens_before, layout.lens)]).to(dev)
+        new = layout.written.to(dev)
         h = self.inner.embed_tokens(ids)[None]
         cos, sin = self.inner.rotary_emb(h, pos[None])
         return StepState(inputs.pool, self.pool(inputs.pool, inputs.num_blocks, inputs.block_tokens), layout, new,
@@ -278,6 +277,7 @@ class AttentionLayout:
 
     lens: tuple[int, ...]  # tokens each entry feeds
     read: torch.Tensor  # every slot the batch reads, on the host (mirror syncs)
+    written: torch.Tensor  # the slots its new tokens write, on the host
     decode_rows: torch.Tensor | None  # the single-token entries' token rows
     decode_slots: torch.Tensor | None  # [B, L] their slots, padded
     decode_keep: torch.Tensor | None  # [B, 1, 1, L]: True on a real position
@@ -299,14 +299,15 @@ class AttentionLayout:
             keep = keep[:, None, None, :]
         chunks = tuple((rows[i], n, held[i].to(device), _causal(c, n, device))
                        for i, (n, c) in enumerate(zip(lens, inputs.context_lens_before)) if n != 1)
-        return AttentionLayout(lens, torch.cat(held), rows_d, slots_d, keep, chunks)
+        written = torch.cat([h[c:] for h, c in zip(held, inputs.context_lens_before)])
+        return AttentionLayout(lens, torch.cat(held), written, rows_d, slots_d, keep, chunks)
 
     def to(self, device: torch.device) -> "AttentionLayout":
         """The same layout with its tensors on `device` (a copy: what moves to a rank)."""
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, copy=True)
 
-        return AttentionLayout(self.lens, self.read, mv(self.decode_rows), mv(self.decode_slots), mv(self.decode_keep),
+        return AttentionLayout(self.lens, self.read, self.written, mv(self.decode_rows), mv(self.decode_slots), mv(self.decode_keep),
                                tuple((r, n, mv(s), mv(m)) for r, n, s, m in self.chunks))
 
 
