@@ -348,15 +348,15 @@ class Segments:
         running slice; exact, since the plan starts from the slice's known end). With one stream
         per device, running slices hold disjoint devices and planning one changes nothing another
         reads, so the single-chain ones (the common case) are planned together."""
-        if self.sim.share is not None:  # rates change as neighbours start and end: per-slice events
-            return
         lone = []
         for s in sorted(self.sim._running):
             run = self.sim._running.get(s)
             if run is None or run.seg is not None:
                 continue
             devs = self.sim._devs(run.group)
-            if self.sim.streams > 1 or not run.timing.all_positive or self._waiting_on(devs):
+            # several streams or shared rates (`try_segment` declines those), zero-length steps, waiters
+            if (self.sim.streams > 1 or self.sim.share is not None or not run.timing.all_positive
+                    or self._waiting_on(devs)):
                 self.sim._push(self.try_segment(s, run, devs))
                 continue
             chain = Chain(run.info, run.local, run.timing, run.start, True)
