@@ -276,6 +276,10 @@ class StepOutcome:
     # per finished iteration computed by a backend that runs real models: (key, the greedy next
     # token of every batch entry, in batch order); empty from the simulator
     tokens: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # devices whose worker process died since the last outcome (what they held is gone), and
+    # devices whose worker is back (a new process, holding nothing); empty from the simulator
+    lost_devices: tuple[int, ...] = ()
+    back_devices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ def test_process_pool_gives_sequential_results(sequential, tiny):
         assert a.requests["ttft_s"].equals(b.requests["ttft_s"])
 
 
+@pytest.mark.xdist_group("ray")  # never beside another module's local Ray cluster
 def test_ray_cluster_gives_sequential_results(sequential, tiny):
     ray = pytest.importorskip("ray")
     try:

@@ -30,8 +30,9 @@ COLD_IDLE = ReplicaLoad("cold", (1,), 0, 0, False, 1, False, 0.0, 55e9)
 class View:
     """The PlacementView a driver offers, over a real simulator."""
 
-    def __init__(self, sim, loads, slas=None, leases=()):
+    def __init__(self, sim, loads, slas=None, leases=(), shard_loans=True):
         self.sim, self.loads, self.slas, self.leases = sim, list(loads), dict(slas or {}), tuple(leases)
+        self.shard_loans = shard_loans
 
     def replica_loads(self):
         return tuple(self.loads)
@@ -44,6 +45,9 @@ class View:
 
     def shard_leases(self):
         return self.leases
+
+    def shard_loans_run(self):
+        return self.shard_loans
 
 
 def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr", intra_link="nvlink4", sharing=None):
@@ -81,6 +85,13 @@ def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
     # room for a mirror of the KV heads of the shard: half of the replica's pool, within lend_frac
     pool = HOT_BUSY.kv_free_bytes / (1 - HOT_BUSY.kv_used_frac)
     assert st.kv_mirror_bytes == pytest.approx(min(pool / 2, COLD_IDLE.kv_free_bytes * 0.5 - st.bytes_per_device))
+
+
+def test_no_shards_are_staged_where_the_backend_runs_no_shard_loans():
+    g, sim = two_tenants()
+    s = scheduler()
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], shard_loans=False))  # device workers in other processes
+    assert s.schedule(g, sim.now).shard_stages == ()
 
 
 def test_a_lender_keeps_headroom_for_its_recent_kv_peak():

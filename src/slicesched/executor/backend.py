@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from slicesched.executor.program import SlicedProgram
+from slicesched.executor.remote import DeviceWorkers
 from slicesched.executor.report import RunResult
 from slicesched.executor.run import Run
 from slicesched.executor.runtime import Executor
@@ -66,12 +67,14 @@ class ExecutorBackend:
     """Runs scheduler decisions on an `Executor`; device d of the executor is cluster device d.
 
     `models`: per tenant, a factory of its `PagedModel` on a torch device (real serving; the
-    same weights on every device): a model step of the tenant needs one.
+    same weights on every device): a model step of the tenant needs one. `workers`: the
+    devices' models run in device worker processes instead (`remote.py`; no staged shards or
+    wide stages then, `runs_shard_loans`), and outcomes report workers lost and back.
     """
 
     def __init__(self, executor: Executor, gmg: GlobalMappingGraph,
                  models: Mapping[str, Callable[[torch.device], PagedModel]] | None = None,
-                 record: bool = False, cost: CostModel | None = None) -> None:
+                 record: bool = False, cost: CostModel | None = None, workers: DeviceWorkers | None = None) -> None:
         if gmg.cluster.num_devices > executor.num_devices:
             raise ValueError(f"the cluster has {gmg.cluster.num_devices} devices, the executor "
                              f"{executor.num_devices}")
@@ -86,7 +89,9 @@ class ExecutorBackend:
         self._weights: dict[tuple[str, int], dict[int, torch.Tensor]] = {}  # (tenant, block) -> tensors
         self.failed: set[int] = set()
         self.computes_tokens = bool(models)
-        self.served = ModelSteps(executor, gmg, models or {}, self._events, self.t0)
+        self.workers = workers
+        self.runs_shard_loans = workers is None  # a step's stages never cross a worker process
+        self.served = ModelSteps(executor, gmg, models or {}, self._events, self.t0, workers)
         self._ooms: list[OOMEvent] = []  # reported in the next outcome
         self._kv: dict[tuple[str, int], float] = {}  # (tenant, device) -> KV bytes charged
         self.record = record
@@ -141,7 +146,7 @@ class ExecutorBackend:
             self.served.home_group(graph.tenant, devices)
         device = devices[0]
         if self.served.resident(graph.tenant, device):  # a cold replica's step waits for its weight copies
-            self.served.model(graph.tenant, device)  # resident before its KV is charged (`alloc_kv`)
+            self.served.model_if_up(graph.tenant, device)  # resident before its KV is charged (`alloc_kv`)
         h = self.gmg.add_iteration(graph, now=self.now, home=home)
         self.served.add(h, graph, inputs, device, self.now)
         self.version += 1
@@ -212,20 +217,26 @@ class ExecutorBackend:
         completed: list[SliceCompletion] = []
         finished: list[int] = []
         tokens: list[tuple[int, tuple[int, ...]]] = []
+        lost: tuple[int, ...] = ()
+        back: tuple[int, ...] = ()
         block, timeout = False, None
+        health = self.workers.health_s if self.workers is not None else float("inf")
         while True:
             done, ends, toks = self._collect(block, timeout)
             completed += done
             finished += ends
             tokens += toks
-            if finished or self._ooms or (done and per_slice):
+            if self.workers is not None:
+                lost, back = self.workers.poll()
+            if finished or self._ooms or (done and per_slice) or lost or back:
                 break
             left = until - self.now
             if left <= 0 or (until == float("inf") and not self.in_flight):
                 break
-            block, timeout = True, None if until == float("inf") else left
+            wait = min(health, left)
+            block, timeout = True, None if wait == float("inf") else wait
         ooms, self._ooms = tuple(self._ooms), []
-        return StepOutcome(self.now, tuple(completed), tuple(finished), ooms, tuple(tokens))
+        return StepOutcome(self.now, tuple(completed), tuple(finished), ooms, tuple(tokens), lost, back)
 
     def apply(self, decision: SchedulerDecision) -> None:
         """Evictions, weight copies, then placements, at `now`; refusals are reported as OOMs."""

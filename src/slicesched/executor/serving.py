@@ -88,6 +88,24 @@ def build_model(cfg: dict[str, Any], seed: int, device: str = "cpu") -> torch.nn
     return model.eval()
 
 
+@dataclass(frozen=True, slots=True)
+class ModelRecipe:
+    """How to build a tenant's model anywhere (a device worker in another process, a GPU):
+    random weights of `config` seeded by `seed`, or a local Hugging Face checkpoint's."""
+
+    config: dict[str, Any]
+    seed: int
+    checkpoint: str | None = None  # a local checkpoint folder (config.json, safetensors)
+
+    def build(self, device: str = "cpu") -> torch.nn.Module:
+        if self.checkpoint is None:
+            return build_model(self.config, self.seed, device)
+        import transformers
+
+        dtype = torch.float32 if self.config.get("torch_dtype") in ("float32", None) else torch.bfloat16
+        return transformers.AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=dtype).to(device).eval()
+
+
 def greedy_reference(model: torch.nn.Module, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
     """`n` greedy tokens of eager `generate` (no sampling, no early stop): what serving must equal."""
     if n == 0:
@@ -119,6 +137,39 @@ class PagedModel:
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def block_bytes(self) -> list[float]:
+        """Bytes of each analytic weight block (attention and MLP of layer l: blocks 2l and
+        2l+1, the embedding 2L, the head 2L+1), each tensor counted once."""
+        inner = self.inner
+        parts: list[list[torch.nn.Module]] = []
+        for layer in inner.layers:
+            parts += [[layer.input_layernorm, layer.self_attn], [layer.post_attention_layernorm, layer.mlp]]
+        parts += [[inner.embed_tokens], [inner.norm, self.model.lm_head]]
+        seen: set[int] = set()
+        out = []
+        for mods in parts:
+            n = 0
+            for p in (p for mod in mods for p in mod.parameters()):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    n += p.numel() * p.element_size()
+            out.append(float(n))
+        return out
+
+    def read_kv(self, key: tuple, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A host-memory copy of these slots of pool `key`, every layer (a request moving away)."""
+        with torch.inference_mode():
+            return [(k[slots.to(k.device)].to("cpu", copy=True), v[slots.to(v.device)].to("cpu", copy=True))
+                    for k, v in self.pools[key]]
+
+    def write_kv(self, key: tuple, num_blocks: int, block_tokens: int, slots: torch.Tensor,
+                 saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write a moved request's KV (`read_kv`'s) into these slots of pool `key`."""
+        with torch.inference_mode():  # the pools are inference tensors
+            for (k, v), (sk, sv) in zip(self.pool(key, num_blocks, block_tokens), saved):
+                k[slots.to(k.device)] = sk.to(k.device)
+                v[slots.to(v.device)] = sv.to(v.device)
 
     def pool(self, key: tuple, num_blocks: int, block_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, K and V of every token slot of replica pool `key` ([slots, kv_heads, head_dim]).

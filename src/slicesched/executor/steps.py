@@ -34,6 +34,7 @@ import torch
 
 from slicesched.decisions import OOMEvent, SliceCompletion, SlicePlacement, StepInputs, WeightCopy, WeightEviction
 from slicesched.errors import InputError
+from slicesched.executor.remote import DeviceWorkers, RemoteModel, WorkerLost
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel, slots_of
 from slicesched.executor.wide import WideContext, cut_shard, mark_written, rank_order, run_wide_stage
@@ -91,8 +92,9 @@ class ModelSteps:
 
     def __init__(self, executor: Executor, gmg: GlobalMappingGraph,
                  factories: Mapping[str, Callable[[torch.device], PagedModel]],
-                 events: "queue.SimpleQueue[tuple]", t0: float) -> None:
+                 events: "queue.SimpleQueue[tuple]", t0: float, workers: DeviceWorkers | None = None) -> None:
         self.ex, self.gmg, self.t0 = executor, gmg, t0
+        self.workers = workers  # device workers in processes of their own (`remote.py`), or none
         self.factories = dict(factories)
         self.events = events
         # A stage's end, reported without waking the caller (`drain_stages`) unless it waits per
@@ -101,7 +103,7 @@ class ModelSteps:
         self.stage_log: deque[StepEvent] = deque()
         self.wake_each_stage = True  # set by the backend's `execute` (its `wake`)
         self.loads: queue.SimpleQueue[LoadEvent] = queue.SimpleQueue()
-        self.models: dict[tuple[str, int], PagedModel] = {}  # (tenant, device) -> resident model
+        self.models: dict[tuple[str, int], PagedModel | RemoteModel] = {}  # (tenant, device) -> resident model
         self.charged: dict[tuple[str, int], dict[int, float]] = {}  # (tenant, device) -> block -> bytes
         self._host: dict[str, torch.nn.Module] = {}  # tenant -> its weights in host memory
         self._host_bytes: dict[str, list[float]] = {}  # tenant -> bytes of each of its blocks
@@ -126,7 +128,7 @@ class ModelSteps:
         for tenant in self.factories:
             for d in np.flatnonzero((self.gmg.resident[tenant] > 0).all(axis=0)).tolist():
                 if (tenant, d) not in self.charged and not self._sharded(tenant, d):
-                    self.model(tenant, d)
+                    self.model_if_up(tenant, d)
 
     def resident(self, tenant: str, device: int) -> bool:
         """Does the GMG hold every weight block of the tenant on `device` (whole or a shard)?"""
@@ -157,7 +159,7 @@ class ModelSteps:
             self.charged[(tenant, d)] = {b: float(sh.nbytes) for b, sh in shards.items()}
             self.wide.shards[(tenant, d)] = shards
 
-    def model(self, tenant: str, device: int) -> PagedModel:
+    def model(self, tenant: str, device: int) -> PagedModel | RemoteModel:
         """The tenant's model resident on `device`; a home replica's is made and charged on first use."""
         m = self.models.get((tenant, device))
         if m is not None:
@@ -165,8 +167,9 @@ class ModelSteps:
         if self.charged.get((tenant, device)):
             raise RuntimeError(f"a step of {tenant!r} on device {device} before its weights landed there")
         dev = self.ex.devices[device]
-        m = self.factories[tenant](dev.torch_device)
-        blocks = _block_bytes(m)
+        w = self.workers
+        m = RemoteModel.load(w, device, tenant) if w is not None else self.factories[tenant](dev.torch_device)
+        blocks = m.block_bytes()
         oom = dev.reserve(float(sum(blocks)), "weights", tenant)
         if oom is not None:
             raise InputError(f"device {device}: the weights of {tenant!r} ({m.weight_bytes()} bytes) "
@@ -174,6 +177,13 @@ class ModelSteps:
         self.models[(tenant, device)] = m
         self.charged[(tenant, device)] = dict(enumerate(blocks))
         return m
+
+    def model_if_up(self, tenant: str, device: int) -> PagedModel | RemoteModel | None:
+        """`model`, or None where the device's worker died (the backend reports the device lost)."""
+        try:
+            return self.model(tenant, device)
+        except WorkerLost:
+            return None
 
     def copy_weights(self, wc: WeightCopy) -> OOMEvent | None:
         """Charge a weight copy on its destination and start it on the copy worker (see the
@@ -186,10 +196,13 @@ class ModelSteps:
         if wc.block in have:
             return None
         if wc.degree > 1:
+            if self.workers is not None:
+                raise ValueError(f"a shard of {wc.tenant!r} staged across device workers, which run no wide "
+                                 "stage (`ExecutorBackend.runs_shard_loans`)")
             home = self.models.get((wc.tenant, wc.src_device))
             if home is None:
                 raise ValueError(f"a shard of {wc.tenant!r} copied from device {wc.src_device}, which does not hold it")
-            nbytes = float(wc.nbytes) or float(_block_bytes(home)[wc.block]) / wc.degree
+            nbytes = float(wc.nbytes) or float(home.block_bytes()[wc.block]) / wc.degree
         else:
             nbytes = float(self._host_blocks(wc.tenant)[wc.block])
         oom = dev.reserve(nbytes, "weights", wc.tenant)
@@ -219,12 +232,14 @@ class ModelSteps:
         dev.submit(job, copy=True)
 
     def _start_model_load(self, tenant: str, device: int) -> None:
-        dev, host, loads, events = self.ex.devices[device], self._host_copy(tenant), self.loads, self.events
+        dev, loads, events, workers = self.ex.devices[device], self.loads, self.events, self.workers
+        host = self._host_copy(tenant) if workers is None else None
         blocks = tuple(range(len(self._host_blocks(tenant))))
 
         def job() -> None:
             try:
-                got: object = PagedModel(copy.deepcopy(host).to(dev.torch_device))
+                got: object = (RemoteModel.load(workers, device, tenant) if workers is not None
+                               else PagedModel(copy.deepcopy(host).to(dev.torch_device)))
             except Exception as e:  # re-raised in the caller's thread (`landed`)
                 got = e
             loads.put((tenant, device, blocks, got))
@@ -242,8 +257,10 @@ class ModelSteps:
 
     def _host_blocks(self, tenant: str) -> list[float]:
         """Bytes of each block of the tenant's model (measured once, on its host copy)."""
+        if self.workers is not None:
+            return self.workers.block_bytes(tenant)
         if tenant not in self._host_bytes:
-            self._host_bytes[tenant] = _block_bytes(PagedModel(self._host_copy(tenant)))
+            self._host_bytes[tenant] = PagedModel(self._host_copy(tenant)).block_bytes()
         return self._host_bytes[tenant]
 
     def landed(self) -> list[tuple[str, int, int]]:
@@ -256,11 +273,15 @@ class ModelSteps:
             except queue.Empty:
                 return out
             key = (tenant, device)
+            if isinstance(what, WorkerLost):  # its worker died: nothing landed (the backend reports the device)
+                for b in self.charged.pop(key, {}).values():
+                    self.ex.devices[device].release(b, weights=True)
+                continue
             if isinstance(what, Exception):
                 raise RuntimeError(f"copying weights of {tenant!r} to device {device} failed: {what}") from what
             if not set(blocks) <= set(self.charged.get(key, {})):  # evicted while it was copied
                 continue
-            if isinstance(what, PagedModel):
+            if isinstance(what, (PagedModel, RemoteModel)):
                 what.pools.update(self.kept_pools.pop(key, {}))
                 self.models[key] = what
                 self.loans.models_loaded += 1
@@ -283,7 +304,9 @@ class ModelSteps:
         if not have:  # nothing of the tenant left there: its model and shards go (its KV pools stay)
             self.charged.pop(key)
             gone = self.models.pop(key, None)
-            if gone is not None and gone.pools:
+            if isinstance(gone, RemoteModel):
+                gone.unload()  # its worker keeps its pools
+            elif gone is not None and gone.pools:
                 self.kept_pools[key] = gone.pools
             self.wide.shards.pop(key, None)
             for k in [k for k in self.wide.mirrors if k[1] == ev.device and k[0][0] == ev.tenant]:
@@ -331,7 +354,11 @@ class ModelSteps:
         if key not in self.models and self.charged.get(key):  # its weights are on their way: it waits for them
             self.parked.setdefault(key, []).append(st)
             return
-        model = self.model(st.handle.tenant, st.home)
+        model = self.model_if_up(st.handle.tenant, st.home)
+        if model is None:  # its worker died: the step is lost with it (the driver drops it with the device)
+            self.running += 1
+            self.events.put((st.handle.key, -1, self.ex.clock(), None, WorkerLost(st.home, "at the step's start"), True))
+            return
         dev = self.ex.devices[st.home]
         key, events, clock, cluster, home_group = st.handle.key, self.events, self.ex.clock, self.gmg.cluster, -1
         tenant, wide, stats = st.handle.tenant, self.wide, self.loans
@@ -359,6 +386,37 @@ class ModelSteps:
         def report(ev: StepEvent) -> None:
             (events.put if self.wake_each_stage else self.stage_log.append)(ev)
 
+        def here(last: int) -> tuple[int, ...] | None:
+            """The stages one by one, each where it is placed now; None if cancelled between two."""
+            with torch.inference_mode():
+                state = model.prepare(st.inputs)
+                st.ran_on[0] = home_group
+                report((key, 0, clock(), None, None, False))
+                for i in range(1, last):
+                    if st.cancelled:
+                        return None
+                    stage_on(i, state)
+                    report((key, i, clock(), None, None, False))
+                st.ran_on[last] = home_group
+                out = model.finish(state)
+            if st.wide_stages:
+                layers = (last - 1) // 2
+                mlp_only = all(st.ran_on[i] == home_group for i in range(1, last, 2))
+                whole = st.wide_stages == 2 * layers
+                stats.mlp_iterations += mlp_only
+                stats.whole_iterations += whole
+                stats.mixed_iterations += not (mlp_only or whole)
+            return out
+
+        def on_worker(t0: float) -> tuple[int, ...]:
+            """Every stage at home on the device's worker, in one call (a round trip per stage
+            cost more than a small model's stage); its stage ends reported after it."""
+            out, ends = model.run(st.inputs)
+            st.ran_on[:] = [home_group] * len(st.ran_on)
+            for i, e in enumerate(ends[:-1]):
+                report((key, i, t0 + e, None, None, False))
+            return out
+
         def job() -> None:
             if st.cancelled:  # aborted while queued
                 events.put((key, -1, clock(), None, None, True))
@@ -367,29 +425,11 @@ class ModelSteps:
             if oom is not None:
                 events.put((key, -1, clock(), None, oom, True))
                 return
-            out, t0, last = None, clock(), model.num_stages - 1
+            t0, last = clock(), model.num_stages - 1
             st.started = t0
             try:
-                with torch.inference_mode():
-                    state = model.prepare(st.inputs)
-                    st.ran_on[0] = home_group
-                    report((key, 0, clock(), None, None, False))
-                    for i in range(1, last):
-                        if st.cancelled:
-                            break
-                        stage_on(i, state)
-                        report((key, i, clock(), None, None, False))
-                    else:
-                        st.ran_on[last] = home_group
-                        out = model.finish(state)
+                out = on_worker(t0) if isinstance(model, RemoteModel) else here(last)
                 st.run_s = clock() - t0
-                layers = (last - 1) // 2
-                if st.wide_stages:
-                    mlp_only = all(st.ran_on[i] == home_group for i in range(1, last, 2))
-                    whole = st.wide_stages == 2 * layers
-                    stats.mlp_iterations += mlp_only
-                    stats.whole_iterations += whole
-                    stats.mixed_iterations += not (mlp_only or whole)
             except Exception as e:  # re-raised in the caller's thread (`on_event`)
                 events.put((key, -1, clock(), None, e, True))
                 return
@@ -413,6 +453,8 @@ class ModelSteps:
             self.running -= 1
         st = self.steps.get(key)
         if st is None:  # aborted while it ran
+            return
+        if isinstance(oom, WorkerLost):  # the driver drops the step with the device (`ExecutorBackend.execute`)
             return
         if isinstance(oom, Exception):
             raise RuntimeError(f"model step {key} of {st.handle.tenant!r} failed: {oom}") from oom
@@ -448,49 +490,25 @@ class ModelSteps:
 
     # ---- KV of requests moving between replicas ---------------------------------------------
     def save_kv(self, pool: tuple, device: int, table: tuple[int, ...], tokens: int,
-                block_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        m = self.models[(pool[0], device)]
-        slots = slots_of(table, tokens, block_tokens)
-        with torch.inference_mode():
-            kv = [(k[slots.to(k.device)].to("cpu", copy=True), v[slots.to(v.device)].to("cpu", copy=True))
-                  for k, v in m.pools[pool]]
+                block_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """A copy of a request's KV in host memory; None where it died with its device's worker."""
+        try:
+            kv = self.models[(pool[0], device)].read_kv(pool, slots_of(table, tokens, block_tokens))
+        except WorkerLost:
+            return None
         self.loans.kv_moved_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in kv)
         return kv
 
     def restore_kv(self, saved: list[tuple[torch.Tensor, torch.Tensor]], pool: tuple, device: int,
                    num_blocks: int, table: tuple[int, ...], block_tokens: int) -> None:
-        m = self.models[(pool[0], device)]
         slots = slots_of(table, saved[0][0].shape[0], block_tokens)
-        with torch.inference_mode():  # the pools are inference tensors
-            dst = m.pool(pool, num_blocks, block_tokens)
-            for (k, v), (sk, sv) in zip(dst, saved):
-                k[slots.to(k.device)] = sk.to(k.device)
-                v[slots.to(v.device)] = sv.to(v.device)
-            for layer in range(len(dst)):
+        try:
+            self.models[(pool[0], device)].write_kv(pool, num_blocks, block_tokens, slots, saved)
+        except WorkerLost:  # the replica dies with the device: its requests are recomputed (`replay.faults`)
+            return
+        with torch.inference_mode():  # the mirrors' masks are inference tensors
+            for layer in range(len(saved)):
                 mark_written(self.wide, pool, layer, slots)
-
-
-def _block_bytes(m: PagedModel) -> list[float]:
-    """Bytes of each analytic weight block of a served model (attention and MLP of layer l:
-    blocks 2l and 2l+1, the embedding 2L, the head 2L+1), each tensor counted once."""
-    inner, layers = m.inner, len(m.inner.layers)
-    parts: list[list[torch.nn.Module]] = []
-    for layer in inner.layers:
-        parts.append([layer.input_layernorm, layer.self_attn])
-        parts.append([layer.post_attention_layernorm, layer.mlp])
-    parts.append([inner.embed_tokens])
-    parts.append([inner.norm, m.model.lm_head])
-    seen: set[int] = set()
-    out = []
-    for mods in parts:
-        n = 0
-        for p in (p for mod in mods for p in mod.parameters()):
-            if id(p) not in seen:
-                seen.add(id(p))
-                n += p.numel() * p.element_size()
-        out.append(float(n))
-    assert len(out) == 2 * layers + 2
-    return out
 
 
 def _stages(wblock: np.ndarray) -> np.ndarray:

@@ -9,9 +9,8 @@ One loop, the data path ARCHITECTURE.md draws:
 The backend (`sched.interface.Backend`) is the simulator unless the caller builds another (the
 executor for real serving, `replay/real.py`): the loop calls nothing else of it.
 
-Every scheduler gets the same cluster, trace, models, batching engine and cost model; only the
-decisions differ. The simulator runs with perturbed op durations (the environment), while
-schedulers that look ahead use the cost model alone.
+Every scheduler gets the same cluster, trace, models, engines and cost model; only the decisions
+differ. The simulator perturbs op durations (the environment); look-ahead uses the cost model.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from slicesched.replay.deployment import Replica, build_cluster, default_replica
 from slicesched.replay.events import EventQueue, Kind
 from slicesched.replay.fleet import Fleet
 from slicesched.replay.loans import Loans
+from slicesched.replay.faults import Faults
 from slicesched.replay.moves import Moves
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
@@ -64,7 +64,7 @@ class RunStats:
     guests: int
     over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
     stopped_early: bool = False  # ended at `stop_after_violations`, not when every request had finished
-    scheduler_report: dict = field(default_factory=dict)  # `Scheduler.run_report()`, plus shard/KV bytes moved
+    scheduler_report: dict = field(default_factory=dict)  # `Scheduler.run_report()`, shard/KV bytes moved, faults
 
 
 @dataclass(slots=True)
@@ -96,16 +96,13 @@ class ReplayDriver:
                  backend: "Callable[[GlobalMappingGraph, CostModel], Backend] | None" = None,
                  models: dict[str, ModelSpec] | None = None, device_memory_bytes: float | None = None,
                  lane: bool = True, arrivals: bool = True) -> None:
-        """`stop_after_violations`: end the replay once more requests than this have certainly
-        violated their SLA (a capacity search needs no more of a run it already knows fails).
-        `backend`: builds the backend over the GMG (default: the simulator, with the scenario's
-        perturbation); `models`: the tenants' models where they are not the scenario's;
-        `device_memory_bytes`: every device's memory where it is not its type's (real serving on
-        CPU devices: the executor's budget). `lane`: replay a home-only scheduler
-        (`Scheduler.home_only`) on the iteration lane (`sim.lane`) where no timeline is recorded
-        and no other backend is given; False keeps the simulator (the same results, slower).
-        `arrivals` False: the trace only forecasts the traffic the deployment is planned for;
-        requests come live instead (`replay.live.LiveDriver`)."""
+        """`stop_after_violations`: end once more requests than this certainly violated their
+        SLA (a capacity search needs no more). `backend`: builds the backend over the GMG
+        (default: the simulator, perturbed as the scenario says); `models`: the tenants' models
+        where not the scenario's; `device_memory_bytes`: every device's memory where not its
+        type's (CPU devices: the executor's budget). `lane`: a home-only scheduler replays on the
+        iteration lane (`sim.lane`) with no timeline or backend given (False: the simulator, same
+        results, slower). `arrivals` False: requests come live (`replay.live.LiveDriver`)."""
         self.sc, self.scheduler, self.rate_scale = sc, scheduler, rate_scale
         self.stop_after_violations, self.stopped_early = stop_after_violations, False
         self.window_s = sc.replay.duration_s if window_s is None else window_s
@@ -159,6 +156,7 @@ class ReplayDriver:
         self.over_context = 0
         self.loans = Loans(self)  # guests and staged shards (SliceScheduler)
         self.moves = Moves(self)  # container moves (realloc)
+        self.faults = Faults(self)  # device workers lost and back (the executor on Ray)
         self._dropped = False  # an iteration was dropped while the current decision was carried out
         self._stage_runs: dict[int, MicroBatch] = {}  # iteration key -> the micro-batch whose stage it runs
         self.attribution = Attribution(self.gmg, self.cluster, self._lane)
@@ -242,6 +240,9 @@ class ReplayDriver:
     def shard_leases(self) -> tuple[ShardLease, ...]:
         return self.loans.shard_leases()
 
+    def shard_loans_run(self) -> bool:
+        return self.backend.runs_shard_loans
+
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return self.fleet.of(tenant)
 
@@ -262,7 +263,7 @@ class ReplayDriver:
         while True:
             now = self.backend.now
             decision = self.decide(now, dirty)
-            if (not self.inflight and self.events.only_syncs_left) or now >= horizon:
+            if (not self.inflight and self.events.only_syncs_left and not self.faults.waiting) or now >= horizon:
                 break
             self.advance(decision, min(self.events.next_time, horizon), dirty)
             if self.backend.record and self.backend.now > 2e-6 * TRACE_WINDOW_US:
@@ -316,6 +317,7 @@ class ReplayDriver:
         tokens = dict(outcome.tokens) if outcome.tokens else None
         for key in outcome.finished_iterations:
             dirty[self._complete(key, outcome.time, tokens=tokens.get(key) if tokens else None)] = None
+        dirty.update(dict.fromkeys(self.faults.apply(outcome.lost_devices, outcome.back_devices, outcome.time)))
         for oom in outcome.ooms:
             if not any(oom is seen for seen in self._kv_ooms):  # a refused KV charge, handled then
                 dirty.update(dict.fromkeys(self._on_oom(oom)))
@@ -570,7 +572,6 @@ class ReplayDriver:
             self.backend.abort_iteration(key)
             self.attribution.attribute(it, finished=False)  # after the abort, which settles the slices it ran
 
-    # ---- result -----------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
         ends = [r.finish_s for r in self.requests if r.finish_s is not None]
         makespan = max([self.backend.now, *ends]) if ends else max(self.backend.now, 1e-9)
@@ -579,7 +580,7 @@ class ReplayDriver:
         loans = self.loans
         stats = RunStats(wall_s, self.iterations, self.backend.op_events, len(self.ooms), self.moves.count,
                          self.rejected, loans.guests_started, self.over_context, self.stopped_early,
-                         {**self.scheduler.run_report(), **({"shard_bytes_moved": loans.shard_bytes_moved,
+                         {**self.scheduler.run_report(), **self.faults.report(), **({"shard_bytes_moved": loans.shard_bytes_moved,
                                                              "kv_bytes_moved": loans.kv_bytes_moved}
                                                             if loans.shards_staged else {})})
         timeline = trim_trace(self.backend.perfetto(ops=False)) if self.record_timeline else None

@@ -172,18 +172,26 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
         p.join(timeout=2)
 
 
-def _run_on_ray(tasks: list, address: str, on_done: Callable[[RunSummary], None] | None) -> list[RunSummary]:
+def connect_ray(address: str, local_cpus: int = 2) -> None:
+    """Join the Ray cluster at `address` ('local': start one of `local_cpus` CPUs here), unless
+    this process already has; one line naming `--ray-address` where none can be reached."""
     try:
         import ray
     except ImportError:  # optional dependency
         raise InputError("needs Ray: pip install 'slicesched[ray]'", field="--ray-address") from None
     if not ray.is_initialized():
         try:
-            ray.init(address=None if address == "local" else address, num_cpus=2 if address == "local" else None,
-                     include_dashboard=False, log_to_driver=False)
+            ray.init(address=None if address == "local" else address,
+                     num_cpus=local_cpus if address == "local" else None, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:  # no cluster there
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise InputError(f"cannot reach a Ray cluster at '{address}': {first}", field="--ray-address") from None
+
+
+def _run_on_ray(tasks: list, address: str, on_done: Callable[[RunSummary], None] | None) -> list[RunSummary]:
+    import ray
+
+    connect_ray(address)
     remote = ray.remote(_run_task)
     refs = [remote.remote(t) for t in tasks]
     out = []

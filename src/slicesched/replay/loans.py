@@ -147,7 +147,9 @@ class Loans:
                     self.saved_kv[req.id] = saved
 
         for req in rs.engine.hand_over(keep_kv):
-            need = req.num_computed_tokens
+            # real KV that could not be copied out (its device's worker died) is recomputed
+            lost = bool(backend.computes_tokens and req.num_computed_tokens and req.id not in self.saved_kv)
+            need = 0 if lost else req.num_computed_tokens
             room = [h for h in homes if need and h.engine.kv.num_free * h.engine.kv.block_tokens - booked[h] >= need]
             if room:
                 h = least_loaded(room)
@@ -155,7 +157,7 @@ class Loans:
                 booked[h] += need
                 continue
             self.saved_kv.pop(req.id, None)
-            if need:  # no home has room for its KV: recomputed
+            if need or lost:  # no home has room for its KV, or it is gone: recomputed
                 req.preempt()
             elif req.state is RequestState.RUNNING:  # admitted, nothing computed yet: queued again
                 req.state = RequestState.PREEMPTED if req.num_preemptions else RequestState.WAITING

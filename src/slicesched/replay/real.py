@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -32,7 +32,8 @@ from slicesched.errors import InputError
 from slicesched.executor import DeviceConfig, Executor
 from slicesched.executor.backend import ExecutorBackend
 from slicesched.executor.calibration import GRID, StepShape, calibrate_serving
-from slicesched.executor.serving import PagedModel, build_model, served_config, shipped_config, spec_of
+from slicesched.executor.remote import DeviceWorkers
+from slicesched.executor.serving import ModelRecipe, PagedModel, served_config, shipped_config, spec_of
 from slicesched.gmg import GlobalMappingGraph
 from slicesched.replay.driver import ReplayDriver, RunResult
 from slicesched.replay.live import LiveDriver
@@ -55,6 +56,10 @@ class RealSetup:
     torch_device: str = "cpu"
     source: Scenario | None = field(default=None, compare=False)  # the scenario as written
     checkpoints: dict[str, str] = field(default_factory=dict)  # tenant -> local HF checkpoint folder it loads
+
+    def recipe(self, tenant: str) -> ModelRecipe:
+        """How any process builds the tenant's model: its checkpoint's weights, or seeded random ones."""
+        return ModelRecipe(self.configs[tenant], self.seeds[tenant], self.checkpoints.get(tenant))
 
 
 def real_setup(sc: Scenario, folder: Path, device_memory_bytes: float = DEFAULT_DEVICE_MEMORY,
@@ -93,14 +98,7 @@ def scenario_cost(sc: Scenario, profile: str | None = None) -> CostModel:
 
 def tenant_model(setup: RealSetup, tenant: str, device: str) -> torch.nn.Module:
     """The model a tenant serves, on `device`: its checkpoint's weights, or seeded random ones."""
-    folder = setup.checkpoints.get(tenant)
-    if folder is None:
-        return build_model(setup.configs[tenant], setup.seeds[tenant], device)
-    import transformers
-
-    cfg = setup.configs[tenant]
-    dtype = torch.float32 if cfg.get("torch_dtype") in ("float32", None) else torch.bfloat16
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    return setup.recipe(tenant).build(device)
 
 
 def _factories(setup: RealSetup) -> dict:
@@ -147,17 +145,21 @@ class RealRun:
 
 
 def serve(setup: RealSetup, scheduler: str, *, rate_scale: float = 1.0, window_s: float | None = None,
-          cost: CostModel | None = None, executor: Executor | None = None) -> RealRun:
+          cost: CostModel | None = None, executor: Executor | None = None, workers: DeviceWorkers | None = None,
+          during: "Callable[[ReplayDriver], None] | None" = None) -> RealRun:
     """Serve the scenario's trace under `scheduler` on executor devices (`executor`: the
-    caller's, left open; default: one per run); tokens per request in `Request.output_ids`."""
+    caller's, left open; default: one per run); tokens per request in `Request.output_ids`.
+    `workers`: the devices' models run in device worker processes (`device_workers`).
+    `during`: called with the driver at each step (tests and benchmarks: kill a worker)."""
     own = executor is None
     executor = executor or executor_of(setup)
     threads = torch.get_num_threads()
     if setup.torch_device == "cpu":  # one worker thread per device, one core each (as `slicesched profile` measures)
         torch.set_num_threads(1)
     try:
-        driver, backend = real_driver(setup, scheduler, executor, cost=cost, rate_scale=rate_scale, window_s=window_s)
-        res = driver.run()
+        driver, backend = real_driver(setup, scheduler, executor, cost=cost, rate_scale=rate_scale,
+                                      window_s=window_s, workers=workers)
+        res = driver.run(None if during is None else lambda _t: during(driver))
     finally:
         torch.set_num_threads(threads)
         if own:
@@ -171,20 +173,27 @@ def executor_of(setup: RealSetup) -> Executor:
     return Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
 
 
+def device_workers(setup: RealSetup, cpus: float = 1.0, restarts: int = 1) -> DeviceWorkers:
+    """One device worker process per device of the scenario, on the Ray cluster `ray.init`
+    connected to (each holding the tenants' recipes, building a model when one is placed there)."""
+    return DeviceWorkers({t: setup.recipe(t) for t in setup.configs}, setup.scenario.cluster.num_devices,
+                         setup.torch_device, cpus=cpus, restarts=restarts)
+
+
 def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: CostModel | None = None,
-                rate_scale: float = 1.0, window_s: float | None = None, live: bool = False
-                ) -> tuple[ReplayDriver, ExecutorBackend]:
+                rate_scale: float = 1.0, window_s: float | None = None, live: bool = False,
+                workers: DeviceWorkers | None = None) -> tuple[ReplayDriver, ExecutorBackend]:
     """The replay driver of the scenario's trace on `executor`'s devices (`live`: a
     `LiveDriver`, the trace only planning the deployment), and its backend. What the executor
     cannot run is refused here (`InputError`), before anything runs."""
     sc = setup.scenario
     cost = cost or scenario_cost(sc)
     window = sc.replay.duration_s if window_s is None else window_s
-    factories = _factories(setup)
+    factories = _factories(setup) if workers is None else dict.fromkeys(setup.configs, _on_a_worker)
     made: list[ExecutorBackend] = []
 
     def backend(gmg: GlobalMappingGraph, priced: CostModel) -> ExecutorBackend:
-        made.append(ExecutorBackend(executor, gmg, factories, cost=priced))
+        made.append(ExecutorBackend(executor, gmg, factories, cost=priced, workers=workers))
         return made[-1]
 
     _check_groups(setup, scheduler, [(t.name, t.tp, t.pp) for t in sc.tenants])
@@ -201,7 +210,15 @@ def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: C
                   rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
                   backend=backend, device_memory_bytes=setup.device_memory_bytes)
     _check_groups(setup, scheduler, [(rs.replica.tenant, rs.replica.tp, rs.replica.pp) for rs in driver.replicas])
+    wide = sorted({rs.replica.tenant for rs in driver.replicas if len(rs.replica.devices) > 1})
+    if workers is not None and wide:  # a step's activations never cross a worker process
+        raise InputError(f"under {scheduler}, {', '.join(wide)} would run over several devices, which device "
+                         "workers in processes of their own do not run (serve without Ray)", field="--ray-address")
     return driver, made[0]
+
+
+def _on_a_worker(device: torch.device) -> PagedModel:
+    raise RuntimeError("the models run on device workers: none is built in the driver's process")
 
 
 def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, int, int]]) -> None:

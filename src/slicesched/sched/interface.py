@@ -75,6 +75,10 @@ class PlacementView(ServingView, Protocol):
 
     def shard_leases(self) -> tuple[ShardLease, ...]: ...
 
+    def shard_loans_run(self) -> bool:
+        """Does the backend run staged shards and wide iterations (False: make no `ShardStage`)?"""
+        ...
+
 
 class RoutedReplica(Protocol):
     """What a routing policy reads of a replica (the driver's replica state)."""
@@ -230,6 +234,7 @@ class Backend(Protocol):
     record: bool  # keeping a timeline for `perfetto`
     op_events: int  # events processed (simulator: ops and slices; executor: slices run)
     computes_tokens: bool  # runs real models: needs `StepInputs`, reports `StepOutcome.tokens`
+    runs_shard_loans: bool  # runs staged shards and wide iterations (device workers in other processes do not)
     what_if: "WhatIf | None"  # the what-if service over this backend's state (None: none)
 
     def add_iteration(self, graph: "IterationGraph", home: int = -1,

@@ -116,7 +116,7 @@ class Simulator(BytesOnlyKV):
         return self.out.tracked
 
     # ==== driver API (`sched.interface.Backend`) ==========================================
-    computes_tokens = False  # prices iterations from their graphs; never runs a model
+    computes_tokens, runs_shard_loans = False, True  # prices iterations from their graphs; never runs a model
 
     @property
     def what_if(self) -> "Simulator":

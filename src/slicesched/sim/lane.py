@@ -72,6 +72,7 @@ class IterationLane(BytesOnlyKV):
     """`sched.interface.Backend` for home-only schedulers (see the module docstring)."""
 
     computes_tokens = False
+    runs_shard_loans = True
     what_if = None  # a home-only scheduler asks none
     record = False  # timelines need the simulator (the driver keeps it when one is asked for)
 
