@@ -371,7 +371,7 @@ def test_replay_on_the_executor_prints_measured_beside_predicted_and_writes_them
 @pytest.mark.parametrize("args, message", [
     (["--backend", "gpu"], "error: field '--backend': unknown backend 'gpu'; known: sim, executor"),
     (["--backend", "executor", "--capacity"], "error: field '--backend': --backend executor serves each scheduler "
-                                              "once, in this process: no --capacity or --ray-address"),
+                                              "once: no --capacity"),
 ])
 def test_bad_backend_options_are_one_line_exit_2(tmp_path, tiny_scenario_toml, args, message):
     sc = tmp_path / "tiny.toml"

@@ -127,16 +127,17 @@ def replay(
         raise InputError(f"unknown backend '{backend}'; known: sim, executor", field="--backend")
     if backend == "executor":
         _need_executor("--backend executor")
-        if capacity or ray_address:
-            raise InputError("--backend executor serves each scheduler once, in this process: no --capacity "
-                             "or --ray-address", field="--backend")
-        _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, device_memory_mib, profile)
+        if capacity:
+            raise InputError("--backend executor serves each scheduler once: no --capacity", field="--backend")
+        _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, device_memory_mib, profile,
+                    ray_address)
         return
     _replay(scenario, scheduler, rate_scale, duration, out, jobs, ray_address,
             _capacity_settings(seeds, sla_range) if capacity else None, plots, force, sla_range)
 
 
-def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, memory_mib, profile) -> None:
+def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, memory_mib, profile,
+                ray_address=None) -> None:
     """Serve each scheduler for real, print the comparison and the simulator's prediction beside it."""
     import tempfile
 
@@ -144,7 +145,9 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
     from slicesched.config.scenario import file_name
     from slicesched.replay.checks import check_out, check_run_options, check_scenario
     from slicesched.replay.experiment import summarize_run
-    from slicesched.replay.real import predict, prediction_table, print_prediction, real_setup, scenario_cost, serve
+    from slicesched.replay.experiment import connect_ray
+    from slicesched.replay.real import (device_workers, predict, prediction_table, print_prediction, real_setup,
+                                        scenario_cost, serve)
     import pandas as pd
 
     from slicesched.replay.report import comparison_table, print_table, write_outputs
@@ -158,16 +161,28 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
         raise InputError("profile file not found", file=str(profile))
     setup = real_setup(sc, Path(tempfile.mkdtemp(prefix="slicesched-served-")), memory_mib * 2**20)
     cost = scenario_cost(setup.scenario, str(profile) if profile else None)
+    if ray_address is not None:
+        connect_ray(ray_address, local_cpus=max(2, sc.cluster.num_devices))
     names, scales = list(scheduler or sc.replay.schedulers), list(rate_scale or sc.replay.rate_scales)
     served, predicted, loans = [], [], []
     for k in scales:
         for name in names:
             typer.echo(f"serving {sc.name} under {name} x{k:g} ...")
-            run = serve(setup, name, rate_scale=k, window_s=duration, cost=cost)
+            workers = device_workers(setup) if ray_address is not None else None
+            try:
+                run = serve(setup, name, rate_scale=k, window_s=duration, cost=cost, workers=workers)
+            finally:
+                if workers is not None:
+                    workers.close()
             served.append(run.result)
             loans.append({"scheduler": name, "rate_scale": k, **run.loans})
             if run.loans["shards_staged"] or run.loans["models_loaded"] or run.loans["wide_iterations"]:
                 typer.echo(_loans_line(run.loans))
+            faults = run.result.stats.scheduler_report
+            if faults.get("faults"):
+                typer.echo(f"  device workers lost: {faults['faults']:.0f}, {faults['fault_requests']:.0f} requests "
+                           f"recomputed; they made progress again after {faults['fault_resume_s']:.2f} s (first) "
+                           f"and {faults['fault_recovery_s']:.2f} s (all)")
             predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration))
     runs = [summarize_run(r, sc.seed) for r in served]
     df = comparison_table(runs)
@@ -195,6 +210,8 @@ def serve(
     max_in_flight: int = typer.Option(256, min=1, help="requests in flight before new ones get 429"),
     grace_s: float = typer.Option(30, min=0, help="on SIGTERM: seconds the requests in flight get to finish"),
     max_body_kib: int = typer.Option(1024, min=1, help="largest request body accepted (KiB; 413 beyond)"),
+    ray_address: Optional[str] = typer.Option(None, help="each device's models in a Ray actor process of its own on "
+                                              "this cluster ('local' starts one); a dead worker's requests recompute"),
 ) -> None:
     """Serve the scenario's tenants over HTTP, compatible with OpenAI's completions and chat
     completions (model = tenant name), with /v1/models, /metrics (Prometheus) and /health."""
@@ -211,7 +228,7 @@ def serve(
     name = scheduler or sc.replay.schedulers[0]
     check_scenario(sc, schedulers=[name])
     service = Service.build(sc, name, Path(tempfile.mkdtemp(prefix="slicesched-served-")), device=device,
-                            memory_bytes=device_memory_mib * 2**20, max_open=max_in_flight)
+                            memory_bytes=device_memory_mib * 2**20, max_open=max_in_flight, ray_address=ray_address)
     for t in service.tenants:
         tok = service.tokenizers[t]
         weights = "checkpoint weights" if t in service.checkpoints else "random weights"

@@ -205,7 +205,7 @@ class LiveDriver(ReplayDriver):
 
     def _gauges(self) -> dict:
         """Per tenant: requests waiting and running, KV blocks used and held; per device, the
-        share of the time since the start it was busy; loans in force."""
+        share of the time since the start it was busy; loans in force; worker faults (`faults.py`)."""
         tenants: dict[str, dict[str, float]] = {}
         for rs in self.replicas:
             g = tenants.setdefault(rs.replica.tenant, dict.fromkeys(("waiting", "running", "kv_blocks_used",
@@ -219,4 +219,5 @@ class LiveDriver(ReplayDriver):
         busy = np.bincount(dev, weights=np.minimum(e, now) - s, minlength=self.cluster.num_devices) if len(dev) else \
             np.zeros(self.cluster.num_devices)
         return {"tenants": tenants, "device_busy_share": (busy / now).tolist(),
-                "loans": len(self.loans.leases), "guests": sum(rs.guest for rs in self.replicas)}
+                "loans": len(self.loans.leases), "guests": sum(rs.guest for rs in self.replicas),
+                "devices_down": len(self.faults.down), **self.faults.report()}

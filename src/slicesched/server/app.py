@@ -48,8 +48,10 @@ def make_app(service: Service, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastA
     @app.get("/health")
     async def health() -> JSONResponse:
         ok = service.healthy
-        return JSONResponse({"status": "ok" if ok else "failed", "open_requests": service.open},
-                            status_code=200 if ok else 503)
+        body: dict = {"status": "ok" if ok else "failed", "open_requests": service.open}
+        if service.workers is not None:  # the process of each device's worker (Ray actors)
+            body["device_workers"] = list(service.workers.pids)
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -44,6 +44,12 @@ class _LoopGauges:
                                 value=snap.get("loans", 0))
         yield GaugeMetricFamily("slicesched_guest_replicas", "overflow replicas on lent devices",
                                 value=snap.get("guests", 0))
+        for key, what in (("faults", "device workers lost since the start"),
+                          ("fault_requests", "requests whose worker died under them (recomputed elsewhere)"),
+                          ("devices_down", "devices whose worker is lost and not back yet"),
+                          ("fault_resume_s", "slowest fault: seconds until its requests made progress again"),
+                          ("fault_recovery_s", "slowest fault: seconds until every request it hit did")):
+            yield GaugeMetricFamily(f"slicesched_{key}", what, value=snap.get(key, 0))
 
 
 class Metrics:

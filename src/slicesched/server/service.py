@@ -28,7 +28,10 @@ import torch
 
 from slicesched.config.scenario import Scenario
 from slicesched.replay.live import Delivery, LiveDriver, Submission
-from slicesched.replay.real import DEFAULT_DEVICE_MEMORY, executor_of, real_driver, real_setup
+from slicesched.executor import Executor
+from slicesched.executor.remote import DeviceWorkers
+from slicesched.replay.experiment import connect_ray
+from slicesched.replay.real import DEFAULT_DEVICE_MEMORY, device_workers, executor_of, real_driver, real_setup
 from slicesched.server.metrics import Metrics
 from slicesched.server.protocol import BadRequest
 from slicesched.server.tokenizer import Tokenizer, TextStream, tokenizer_for
@@ -74,8 +77,10 @@ class Output:
 
 class Service:
     def __init__(self, driver: LiveDriver, tokenizers: dict[str, Tokenizer], close: Callable[[], None],
-                 max_open: int = DEFAULT_MAX_OPEN, checkpoints: dict[str, str] | None = None) -> None:
+                 max_open: int = DEFAULT_MAX_OPEN, checkpoints: dict[str, str] | None = None,
+                 workers: DeviceWorkers | None = None) -> None:
         self.driver, self.tokenizers, self._close = driver, tokenizers, close
+        self.workers = workers  # the devices' Ray actors, where the models run in processes of their own
         self.checkpoints = checkpoints or {}  # tenant -> the checkpoint folder whose weights it serves
         self.tenants = list(tokenizers)
         self.limits = {t: driver.context_limit(t) for t in self.tenants}  # prompt + output tokens
@@ -88,20 +93,27 @@ class Service:
 
     @classmethod
     def build(cls, sc: Scenario, scheduler: str, folder: Path, *, device: str = "cpu",
-              memory_bytes: float = DEFAULT_DEVICE_MEMORY, max_open: int = DEFAULT_MAX_OPEN) -> "Service":
+              memory_bytes: float = DEFAULT_DEVICE_MEMORY, max_open: int = DEFAULT_MAX_OPEN,
+              ray_address: str | None = None) -> "Service":
         """The scenario served under `scheduler` (its models built, its devices started; the
-        serving loop starts with `start`). Raises `InputError` for what cannot be served."""
+        serving loop starts with `start`). Raises `InputError` for what cannot be served.
+        `ray_address`: each device's models in a Ray actor of its own on that cluster ('local':
+        one started here), a worker that dies restarted and its requests recomputed."""
         setup = real_setup(sc, folder, memory_bytes, device)
         if device == "cpu":  # one thread per device worker, as replays on the executor run
             torch.set_num_threads(1)
         executor = executor_of(setup)
+        workers = None
         try:
-            driver, _ = real_driver(setup, scheduler, executor, live=True)
+            if ray_address is not None:
+                connect_ray(ray_address, local_cpus=max(2, sc.cluster.num_devices))
+                workers = device_workers(setup)
+            driver, _ = real_driver(setup, scheduler, executor, live=True, workers=workers)
         except BaseException:
-            executor.close()
+            _close(executor, workers)
             raise
         tokenizers = {t.name: tokenizer_for(setup.checkpoints.get(t.name)) for t in setup.scenario.tenants}
-        return cls(driver, tokenizers, executor.close, max_open, setup.checkpoints)
+        return cls(driver, tokenizers, lambda: _close(executor, workers), max_open, setup.checkpoints, workers)
 
     # ---- life -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -214,3 +226,9 @@ class Service:
         p = np.array([prompt])
         return bool(ttft is None or ttft > float(sla.ttft_for(p)[0])
                     or tpot is not None and tpot > float(sla.tpot_for(p)[0]))
+
+
+def _close(executor: Executor, workers: DeviceWorkers | None) -> None:
+    executor.close()
+    if workers is not None:
+        workers.close()
