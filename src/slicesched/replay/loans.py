@@ -119,6 +119,8 @@ class Loans:
         if rs is None:
             return []
         homes = [h for h in self.drv.fleet.of(g.tenant) if not h.guest]
+        if not homes:  # its home's worker died (`faults.py`): the guest serves the tenant until the home is back
+            return []
         if g.drain:  # no new requests; released when its running ones are done
             rs.drain()
             for req in rs.engine.take_waiting(rs.engine.num_waiting):
