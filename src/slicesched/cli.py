@@ -183,7 +183,8 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
                 typer.echo(f"  device workers lost: {faults['faults']:.0f}, {faults['fault_requests']:.0f} requests "
                            f"recomputed; they made progress again after {faults['fault_resume_s']:.2f} s (first) "
                            f"and {faults['fault_recovery_s']:.2f} s (all)")
-            predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration))
+            predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration,
+                                     shard_loans=ray_address is None))
     runs = [summarize_run(r, sc.seed) for r in served]
     df = comparison_table(runs)
     n = sc.cluster.num_devices

@@ -174,3 +174,16 @@ def test_aegaeon_switches_models_through_host_memory_and_requests_keep_their_kv(
     assert run.loans["models_loaded"] >= 4 and run.result.stats.ooms == 0
     assert all(r.is_finished for r in run.result.requests) and len(run.result.requests) > 30
     assert mismatches(run.result.requests, eager_models(one_slot)) == []
+
+
+def test_a_prediction_for_device_workers_stages_no_shards(tmp_path):
+    """On Ray device workers the executor stages no shards: the simulator's prediction of such a
+    run decides as that backend allows (the same run with shard loans stages one)."""
+    from pathlib import Path
+
+    from slicesched.config import load_scenario
+
+    loans = real_setup(load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "loans_cpu.toml"), tmp_path)
+    cost = scenario_cost(loans.scenario)
+    assert predict(loans, "slicesched", cost).stats.scheduler_report["stages"] >= 1
+    assert predict(loans, "slicesched", cost, shard_loans=False).stats.scheduler_report["stages"] == 0

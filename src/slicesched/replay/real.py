@@ -240,17 +240,26 @@ def _check_groups(setup: RealSetup, scheduler: str, replicas: list[tuple[str, in
 
 
 def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: float = 1.0,
-            window_s: float | None = None, host_cores: float | None = None, host_slowdown: float = 1.0) -> RunResult:
+            window_s: float | None = None, host_cores: float | None = None, host_slowdown: float = 1.0,
+            shard_loans: bool = True) -> RunResult:
     """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone.
-    `host_cores`, `host_slowdown`: how the executor's device threads share the host (`host_sharing`)."""
+    `host_cores`, `host_slowdown`: how the executor's device threads share the host (`host_sharing`).
+    `shard_loans` False: the served run's backend stages no shards (device workers on Ray), so
+    neither does the simulator here (`Backend.runs_shard_loans`)."""
     sc = setup.scenario
     window = sc.replay.duration_s if window_s is None else window_s
     sharing = host_sharing(setup, host_cores, host_slowdown)
     driver = ReplayDriver(sc, make_scheduler(scheduler, sc), scenario_trace(sc, rate_scale, window),
                           rate_scale=rate_scale, cost=cost, slas=isolated_slas(sc, cost), window_s=window,
-                          backend=lambda gmg, c: Simulator(gmg, c, record=False, sharing=sharing),
+                          backend=lambda gmg, c: _simulator(gmg, c, sharing, shard_loans),
                           device_memory_bytes=setup.device_memory_bytes)
     return driver.run()
+
+
+def _simulator(gmg: GlobalMappingGraph, cost: CostModel, sharing: SharingModel | None, shard_loans: bool) -> Simulator:
+    sim = Simulator(gmg, cost, record=False, sharing=sharing)
+    sim.runs_shard_loans = shard_loans  # as the served backend declares it
+    return sim
 
 
 def host_sharing(setup: RealSetup, cores: float | None = None, slowdown: float = 1.0) -> SharingModel | None:
