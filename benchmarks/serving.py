@@ -1,7 +1,7 @@
 """Real serving on CPU: a hot tenant beside two calm ones, under `dedicated` and `slicesched`,
 SliceScheduler's loans run on the executor.
 
-    python benchmarks/serving.py [ROUNDS] [--device cuda [--scaled]] [--out FOLDER] [--calibration-repeats N]
+    python benchmarks/serving.py [ROUNDS] [--device cuda [--scaled]] [--ray] [--out FOLDER] [--calibration-repeats N]
 
 Prints one figure per line as `name: value unit`. The scenario is `scenarios/loans_cpu.toml`:
 three tenants (scaled-down random-weight Llama-3-8B and two Qwen2.5-1.5B on CPU; at full size
@@ -37,6 +37,10 @@ summed over rounds): `wide_iterations` (whole, MLP-only and mixed), `whole_itera
 `mlp_only_iterations`, `wide_fallbacks` (wide stages a lender refused, run at home),
 `shards_staged`, `guests_started` (models loaded from host memory), `guests_stopped`,
 `weight_bytes_moved`, `kv_bytes_moved` (mirror syncs, KV copied home, requests moved home).
+
+`--ray`: each device's models in a Ray actor process of its own (a local cluster,
+`executor/remote.py`), the prediction deciding as that backend allows (no staged shards); the
+calibration is the in-process one.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import numpy as np
 from slicesched.config import load_scenario
 from slicesched.cost import CalibratedCostModel
 from slicesched.executor.serving import build_model, greedy_reference
-from slicesched.replay.real import calibrate, host_slowdown, predict, real_setup, serve
+from slicesched.replay.real import calibrate, device_workers, host_slowdown, predict, real_setup, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "loans_cpu.toml"
@@ -76,12 +80,17 @@ def _step_ms(res) -> float:
     return busy / max(res.stats.iterations, 1) * 1e3
 
 
-def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], repeats: int) -> None:
+def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], repeats: int, ray: bool) -> None:
     t0 = time.perf_counter()
-    busy = calibrate(setup, repeats=repeats, together=True)
+    on = device_workers(setup) if ray else None  # calibrated on the path the runs take
+    try:
+        busy = calibrate(setup, repeats=repeats, together=True, workers=on)
+        alone = calibrate(setup, repeats=repeats, together=False, workers=on) if setup.torch_device == "cpu" else busy
+    finally:
+        if on is not None:
+            on.close()
     slowdown = 1.0
     if setup.torch_device == "cpu":  # steps alone price the prediction, the host's busy cores slow them
-        alone = calibrate(setup, repeats=repeats, together=False)
         slowdown = host_slowdown(alone, busy)
         busy = alone
     cost = CalibratedCostModel(busy)
@@ -89,10 +98,15 @@ def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], r
     figs.setdefault("serving_host_slowdown", []).append(slowdown)
     for name in SCHEDULERS:
         t0 = time.perf_counter()
-        run = serve(setup, name, cost=cost)
+        workers = device_workers(setup) if ray else None
+        try:
+            run = serve(setup, name, cost=cost, workers=workers)
+        finally:
+            if workers is not None:
+                workers.close()
         print(f"(served {name} in {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         res = run.result
-        pred = predict(setup, name, cost, host_slowdown=slowdown)
+        pred = predict(setup, name, cost, host_slowdown=slowdown, shard_loans=not ray)
         tokens = sum(r.num_generated for r in res.requests)
         got = {"requests": len(res.requests), "ooms": res.stats.ooms,
                "output_tokens_per_s": tokens / (res.makespan_s - min(r.arrival_s for r in res.requests))}
@@ -137,7 +151,12 @@ def main() -> None:
     ap.add_argument("--scaled", action="store_true", help="with --device cuda: the scaled-down float32 models")
     ap.add_argument("--out", type=Path, help="also write the figures to FOLDER/serving.json")
     ap.add_argument("--calibration-repeats", type=int, default=10, help="repeats of each calibration step")
+    ap.add_argument("--ray", action="store_true", help="serve on Ray device workers (a local cluster)")
     args = ap.parse_args()
+    if args.ray:
+        from slicesched.replay.experiment import connect_ray
+
+        connect_ray("local", local_cpus=max(2, load_scenario(SCENARIO).cluster.num_devices))
     setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
                        torch_device=args.device, scaled=args.scaled or args.device == "cpu",
                        **({} if args.device == "cpu" or args.scaled else {"device_memory_bytes": 20e9}))
@@ -153,9 +172,10 @@ def main() -> None:
     figs: dict[str, list[float]] = {}
     sums: dict[str, float] = {}
     for _ in range(args.rounds):
-        _round(setup, eager, figs, sums, args.calibration_repeats)
+        _round(setup, eager, figs, sums, args.calibration_repeats, args.ray)
     print("cost_model: calibrated on the served models' steps before each round")
     print(f"device: {args.device}{' (scaled float32 models)' if args.scaled else ''}")
+    print(f"device_workers: {'ray actors' if args.ray else 'threads of this process'}")
     print(f"rounds: {args.rounds}")
     print(f"load_avg_1m: {os.getloadavg()[0]:.2f} processes")
     out = {}

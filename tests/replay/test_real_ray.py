@@ -152,3 +152,19 @@ def test_the_endpoint_serves_a_tenant_whose_worker_died_before_its_first_request
     finally:
         svc.close()
     assert tuple(got) == greedy_reference(eager["a"], tuple(b"Hello there"), 6)
+
+
+def test_a_calibration_on_device_workers_times_their_steps_and_no_wide_ones(cluster, setup):
+    """Steps timed through the workers, as a run on them serves: both tenants' stages and
+    dispatch for each shape, and no tensor-parallel rows (the workers run no wide step)."""
+    from slicesched.executor.calibration import StepShape
+    from slicesched.replay.real import calibrate
+
+    grid = (StepShape((8,), (0,)), StepShape((1, 1), (16, 16)))
+    workers = device_workers(setup)
+    try:
+        df = calibrate(setup, repeats=2, grid=grid, workers=workers).df
+    finally:
+        workers.close()
+    assert df["model"].nunique() == 2 and (df["time_s"] > 0).all()
+    assert len(df) == 2 * len(grid) * (2 * 2 + 2 + 1)  # per tenant and shape: 2 layers x 2 blocks, embedding, head, dispatch

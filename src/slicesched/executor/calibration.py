@@ -32,6 +32,7 @@ import torch
 from slicesched.cost.profile import Profile
 from slicesched.cost.stages import DISPATCH, STAGES, batch_features, block_stage, graph_block_weights
 from slicesched.decisions import SchedulerDecision, SlicePlacement, StepInputs, WeightCopy
+from slicesched.executor.remote import DeviceWorkers
 from slicesched.executor.backend import ExecutorBackend
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel
@@ -226,7 +227,7 @@ def _at_once(executor: Executor) -> int:
 def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, Callable[[torch.device], PagedModel]],
                       executor: Executor, devices: Mapping[str, int], grid: Sequence[StepShape] = GRID,
                       repeats: int = 10, together: bool | int = False, seed: int = 0, wide: bool = True,
-                      device_names: Sequence[str] = ()) -> Profile:
+                      device_names: Sequence[str] = (), workers: DeviceWorkers | None = None) -> Profile:
     """Time every tenant's steps over `grid` on its device of `executor` (`devices`: tenant ->
     device) and return them as a profile (stage and dispatch rows). `together`: devices run one
     of their steps at the same time (contending for the host, as served tenants do): a number,
@@ -235,11 +236,12 @@ def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, C
     over its device and the next one (shards staged there), priced as its TP-2 blocks: the wide
     iterations SliceScheduler's loans run (`executor/wide.py`). `device_names`: per executor
     device, the device type of the served cluster it stands for (the key a `CalibratedCostModel`
-    prices that cluster's devices by; default `cpu`)."""
+    prices that cluster's devices by; default `cpu`). `workers`: the steps run on these device
+    workers (`remote.py`), their round trips priced with them; no wide steps there."""
     cluster = Cluster.homogeneous("cpu", 1, executor.num_devices, intra_link="local")
     gmg = GlobalMappingGraph(cluster, dict(models), {t: Container(t, (d,)) for t, d in devices.items()})
-    backend = ExecutorBackend(executor, gmg, factories)
-    lenders = _stage_lenders(backend, models, devices) if wide else {}
+    backend = ExecutorBackend(executor, gmg, factories, workers=workers)
+    lenders = _stage_lenders(backend, models, devices) if wide and workers is None else {}
     jobs, blocks = _jobs(models, devices, grid, seed, lenders)
     samples: list[list[tuple[np.ndarray, float]]] = [[] for _ in jobs]
     graphs: list[IterationGraph | None] = [None] * len(jobs)

@@ -116,10 +116,11 @@ def _factories(setup: RealSetup) -> dict:
     return {t: partial(make, t) for t in setup.configs}
 
 
-def calibrate(setup: RealSetup, repeats: int = 10, together: bool | int = False, grid: Sequence[StepShape] = GRID
-              ) -> Profile:
+def calibrate(setup: RealSetup, repeats: int = 10, together: bool | int = False, grid: Sequence[StepShape] = GRID,
+              workers: DeviceWorkers | None = None) -> Profile:
     """The served models' real steps timed on executor devices of their own (a step of its own,
-    before and apart from any served run): the profile a `CalibratedCostModel` prices them by."""
+    before and apart from any served run): the profile a `CalibratedCostModel` prices them by.
+    `workers`: timed on these device workers (as a run on them serves), no wide steps."""
     sc, n = setup.scenario, setup.scenario.cluster.num_devices
     models = {t.name: spec_of(setup.configs[t.name], Path(t.model).stem) for t in sc.tenants}
     devices = {t.name: i % n for i, t in enumerate(sc.tenants)}  # the tenants' home devices, as dedicated has them
@@ -129,8 +130,9 @@ def calibrate(setup: RealSetup, repeats: int = 10, together: bool | int = False,
         torch.set_num_threads(1)
     try:
         names = [spec.name for spec in sc.cluster.build().device_specs]  # the served cluster's devices, priced by these rows
-        return calibrate_serving(models, _factories(setup), executor, devices, grid, repeats, together,
-                                 device_names=names)
+        factories = _factories(setup) if workers is None else dict.fromkeys(setup.configs, _on_a_worker)
+        return calibrate_serving(models, factories, executor, devices, grid, repeats, together,
+                                 device_names=names, workers=workers)
     finally:
         torch.set_num_threads(threads)
         executor.close()
