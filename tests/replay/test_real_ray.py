@@ -84,13 +84,14 @@ def test_slicesched_serves_on_device_workers_without_shard_loans(cluster, setup,
 
 
 def test_a_worker_killed_mid_run_loses_no_request(cluster, setup, fault_free):
-    """Device 0's worker dies 0.5 s in: its tenant's requests wait for the worker Ray restarts,
+    """Device 0's worker dies 0.5 s in, with requests on it: they wait for the worker Ray restarts,
     are recomputed there, and every output equals the fault-free run's."""
     workers = device_workers(setup)
     seen: dict = {}
 
     def kill(driver) -> None:
-        if "at" not in seen and driver.backend.now > 0.5:
+        busy = any(rs.load for rs in driver.fleet.of("a"))  # requests on device 0 to lose
+        if "at" not in seen and driver.backend.now > 0.5 and busy:
             seen["pid"], seen["at"], seen["driver"] = workers.kill(0), driver.backend.now, driver
     try:
         res = serve(setup, "dedicated", workers=workers, during=kill).result
