@@ -82,7 +82,7 @@ def _step_ms(res) -> float:
 
 def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], repeats: int, ray: bool) -> None:
     t0 = time.perf_counter()
-    on = device_workers(setup) if ray else None  # calibrated on the path the runs take
+    on = device_workers(setup, address="local") if ray else None  # calibrated on the path the runs take
     try:
         busy = calibrate(setup, repeats=repeats, together=True, workers=on)
         alone = calibrate(setup, repeats=repeats, together=False, workers=on) if setup.torch_device == "cpu" else busy
@@ -98,7 +98,7 @@ def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], r
     figs.setdefault("serving_host_slowdown", []).append(slowdown)
     for name in SCHEDULERS:
         t0 = time.perf_counter()
-        workers = device_workers(setup) if ray else None
+        workers = device_workers(setup, address="local") if ray else None
         try:
             run = serve(setup, name, cost=cost, workers=workers)
         finally:
@@ -153,10 +153,6 @@ def main() -> None:
     ap.add_argument("--calibration-repeats", type=int, default=10, help="repeats of each calibration step")
     ap.add_argument("--ray", action="store_true", help="serve on Ray device workers (a local cluster)")
     args = ap.parse_args()
-    if args.ray:
-        from slicesched.replay.experiment import connect_ray
-
-        connect_ray("local", local_cpus=max(2, load_scenario(SCENARIO).cluster.num_devices))
     setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
                        torch_device=args.device, scaled=args.scaled or args.device == "cpu",
                        **({} if args.device == "cpu" or args.scaled else {"device_memory_bytes": 20e9}))

@@ -145,7 +145,6 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
     from slicesched.config.scenario import file_name
     from slicesched.replay.checks import check_out, check_run_options, check_scenario
     from slicesched.replay.experiment import summarize_run
-    from slicesched.replay.experiment import connect_ray
     from slicesched.replay.real import (device_workers, predict, prediction_table, print_prediction, real_setup,
                                         scenario_cost, serve)
     import pandas as pd
@@ -161,14 +160,12 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
         raise InputError("profile file not found", file=str(profile))
     setup = real_setup(sc, Path(tempfile.mkdtemp(prefix="slicesched-served-")), memory_mib * 2**20)
     cost = scenario_cost(setup.scenario, str(profile) if profile else None)
-    if ray_address is not None:
-        connect_ray(ray_address, local_cpus=max(2, sc.cluster.num_devices))
     names, scales = list(scheduler or sc.replay.schedulers), list(rate_scale or sc.replay.rate_scales)
     served, predicted, loans = [], [], []
     for k in scales:
         for name in names:
             typer.echo(f"serving {sc.name} under {name} x{k:g} ...")
-            workers = device_workers(setup) if ray_address is not None else None
+            workers = device_workers(setup, address=ray_address) if ray_address is not None else None
             try:
                 run = serve(setup, name, rate_scale=k, window_s=duration, cost=cost, workers=workers)
             finally:

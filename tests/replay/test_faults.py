@@ -8,24 +8,10 @@ from slicesched.serving import Request, RequestState
 from slicesched.traces import Trace
 from scenario_helpers import scenario
 
-PAIR = """
-    [cluster]
-    devices_per_node = 2
-    [[tenants]]
-    name = "a"
-    model = "llama-2-7b"
-    [[tenants]]
-    name = "b"
-    model = "llama-2-7b"
-    [[streams]]
-    source = "synthetic"
-    tenants = ["a", "b"]
-    rate = 1.0
-"""
 
-
-def _driver() -> ReplayDriver:
-    sc = scenario(PAIR)
+def _driver(text: str) -> ReplayDriver:
+    """SliceScheduler over the shared tiny scenario: two single-device tenants."""
+    sc = scenario(text)
     return ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
                         lane=False)
 
@@ -40,8 +26,8 @@ def _running(drv: ReplayDriver, tenant: str, n: int) -> list[Request]:
     return reqs
 
 
-def test_a_lost_home_parks_its_requests_until_its_device_is_back():
-    drv = _driver()
+def test_a_lost_home_parks_its_requests_until_its_device_is_back(tiny_scenario_toml):
+    drv = _driver(tiny_scenario_toml)
     reqs = _running(drv, "a", 3)
     (a_dev,) = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "a")
     drv.faults.lost((a_dev,), 0.2)
@@ -54,8 +40,8 @@ def test_a_lost_home_parks_its_requests_until_its_device_is_back():
     assert drv.gmg.resident["a"][:, a_dev].all()  # loaded again
 
 
-def test_a_lost_device_is_reported_once_and_recovers_when_its_requests_progress():
-    drv = _driver()
+def test_a_lost_device_is_reported_once_and_recovers_when_its_requests_progress(tiny_scenario_toml):
+    drv = _driver(tiny_scenario_toml)
     reqs = _running(drv, "a", 2)
     (a_dev,) = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "a")
     drv.faults.lost((a_dev,), 0.2)
@@ -73,8 +59,8 @@ def test_a_lost_device_is_reported_once_and_recovers_when_its_requests_progress(
                                    "fault_recovery_s": 1.8}
 
 
-def test_a_guest_serves_its_tenant_while_the_home_is_lost_and_is_not_stopped():
-    drv = _driver()
+def test_a_guest_serves_its_tenant_while_the_home_is_lost_and_is_not_stopped(tiny_scenario_toml):
+    drv = _driver(tiny_scenario_toml)
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
     (a_dev,) = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "a")
     guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9), 0.0)

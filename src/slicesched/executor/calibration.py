@@ -32,8 +32,8 @@ import torch
 from slicesched.cost.profile import Profile
 from slicesched.cost.stages import DISPATCH, STAGES, batch_features, block_stage, graph_block_weights
 from slicesched.decisions import SchedulerDecision, SlicePlacement, StepInputs, WeightCopy
-from slicesched.executor.remote import DeviceWorkers
 from slicesched.executor.backend import ExecutorBackend
+from slicesched.executor.remote import DeviceWorkers
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel
 from slicesched.gmg import GlobalMappingGraph

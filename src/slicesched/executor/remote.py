@@ -51,7 +51,7 @@ class NotHere(LookupError):
 
 
 class DeviceWorker:
-    """The actor's body: one device's models, their KV pools and the steps in progress."""
+    """The actor's body: one device's models and their KV pools (a step runs in one call)."""
 
     def __init__(self, index: int, recipes: dict[str, ModelRecipe], torch_device: str, threads: int) -> None:
         torch.set_num_threads(threads)
@@ -161,10 +161,6 @@ class DeviceWorkers:
         self._pings: dict[int, Any] = {}
         self._next_health = 0.0
         self._meta: dict[str, list[float]] = {}
-
-    @property
-    def num_devices(self) -> int:
-        return len(self.actors)
 
     def call(self, device: int, method: str, *args: Any) -> Any:
         """Run `method` on the device's worker and wait for it; `WorkerLost` if the worker died."""

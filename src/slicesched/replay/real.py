@@ -36,6 +36,7 @@ from slicesched.executor.remote import DeviceWorkers
 from slicesched.executor.serving import ModelRecipe, PagedModel, served_config, shipped_config, spec_of
 from slicesched.gmg import GlobalMappingGraph
 from slicesched.replay.driver import ReplayDriver, RunResult
+from slicesched.replay.experiment import connect_ray
 from slicesched.replay.live import LiveDriver
 from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
@@ -101,10 +102,13 @@ def tenant_model(setup: RealSetup, tenant: str, device: str) -> torch.nn.Module:
     return setup.recipe(tenant).build(device)
 
 
-def _factories(setup: RealSetup) -> dict:
+def _factories(setup: RealSetup, workers: DeviceWorkers | None = None) -> dict:
     """Per tenant, its PagedModel on a device. Built before the wall clock starts: CPU devices
     share one module per tenant (the same memory; each device's budget is charged its bytes),
-    other devices get their own copy of the same weights."""
+    other devices get their own copy of the same weights. With `workers` the models are built
+    there, none here."""
+    if workers is not None:
+        return dict.fromkeys(setup.configs, _on_a_worker)
     built = {t: tenant_model(setup, t, setup.torch_device) for t in setup.configs}
 
     def make(tenant: str, device: torch.device) -> PagedModel:
@@ -130,8 +134,7 @@ def calibrate(setup: RealSetup, repeats: int = 10, together: bool | int = False,
         torch.set_num_threads(1)
     try:
         names = [spec.name for spec in sc.cluster.build().device_specs]  # the served cluster's devices, priced by these rows
-        factories = _factories(setup) if workers is None else dict.fromkeys(setup.configs, _on_a_worker)
-        return calibrate_serving(models, factories, executor, devices, grid, repeats, together,
+        return calibrate_serving(models, _factories(setup, workers), executor, devices, grid, repeats, together,
                                  device_names=names, workers=workers)
     finally:
         torch.set_num_threads(threads)
@@ -175,9 +178,13 @@ def executor_of(setup: RealSetup) -> Executor:
     return Executor([DeviceConfig(setup.torch_device, setup.device_memory_bytes) for _ in range(n)])
 
 
-def device_workers(setup: RealSetup, cpus: float = 1.0, restarts: int = 1) -> DeviceWorkers:
-    """One device worker process per device of the scenario, on the Ray cluster `ray.init`
-    connected to (each holding the tenants' recipes, building a model when one is placed there)."""
+def device_workers(setup: RealSetup, cpus: float = 1.0, restarts: int = 1, address: str | None = None
+                   ) -> DeviceWorkers:
+    """One device worker process per device of the scenario (each holding the tenants' recipes,
+    building a model when one is placed there), on the Ray cluster this process joined, or first
+    joins the one at `address` ('local': one started here with a CPU per device, at least 2)."""
+    if address is not None:
+        connect_ray(address, local_cpus=max(2, setup.scenario.cluster.num_devices))
     return DeviceWorkers({t: setup.recipe(t) for t in setup.configs}, setup.scenario.cluster.num_devices,
                          setup.torch_device, cpus=cpus, restarts=restarts)
 
@@ -191,7 +198,7 @@ def real_driver(setup: RealSetup, scheduler: str, executor: Executor, *, cost: C
     sc = setup.scenario
     cost = cost or scenario_cost(sc)
     window = sc.replay.duration_s if window_s is None else window_s
-    factories = _factories(setup) if workers is None else dict.fromkeys(setup.configs, _on_a_worker)
+    factories = _factories(setup, workers)
     made: list[ExecutorBackend] = []
 
     def backend(gmg: GlobalMappingGraph, priced: CostModel) -> ExecutorBackend:

@@ -30,7 +30,6 @@ from slicesched.config.scenario import Scenario
 from slicesched.replay.live import Delivery, LiveDriver, Submission
 from slicesched.executor import Executor
 from slicesched.executor.remote import DeviceWorkers
-from slicesched.replay.experiment import connect_ray
 from slicesched.replay.real import DEFAULT_DEVICE_MEMORY, device_workers, executor_of, real_driver, real_setup
 from slicesched.server.metrics import Metrics
 from slicesched.server.protocol import BadRequest
@@ -106,8 +105,7 @@ class Service:
         workers = None
         try:
             if ray_address is not None:
-                connect_ray(ray_address, local_cpus=max(2, sc.cluster.num_devices))
-                workers = device_workers(setup)
+                workers = device_workers(setup, address=ray_address)
             driver, _ = real_driver(setup, scheduler, executor, live=True, workers=workers)
         except BaseException:
             _close(executor, workers)
