@@ -88,7 +88,7 @@ class Faults:
         out = []
         for r in [r for r in self.waiting if self.down.isdisjoint(r.devices)]:
             self.waiting.remove(r)
-            hit = [q for q in self.drv.fleet.unpark(r.tenant)]  # before `activate`, which admits fresh ones only
+            hit = self.drv.fleet.unpark(r.tenant)  # before `activate`, which admits fresh ones only
             rs = self.drv.moves.activate(r)
             for req in hit:
                 if req.state is RequestState.WAITING and not req.num_preemptions:
