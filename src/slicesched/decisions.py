@@ -94,11 +94,14 @@ class GuestStart:
     """Serve overflow of `tenant` on `devices` of other containers: copy its weight shards there
     from host memory (over each device's PCIe link, sparing the home replica's links) and give it
     `kv_bytes` per device of KV cache lent by the devices' owners. Its slices then run only where
-    the scheduler places them (in the owners' idle slices)."""
+    the scheduler places them (in the owners' idle slices). `max_batch_tokens`: its iterations'
+    token budget where smaller than the tenant's (None: the tenant's): beside busy owners, each of
+    its slices stays short enough for the owners' next iterations to wait for."""
 
     tenant: str
     devices: tuple[int, ...]
     kv_bytes: float
+    max_batch_tokens: int | None = None
 
     def weight_copies(self, num_blocks: int) -> tuple[WeightCopy, ...]:
         return tuple(WeightCopy(self.tenant, blk, -1, dst) for dst in self.devices for blk in range(num_blocks))

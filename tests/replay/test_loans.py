@@ -131,3 +131,35 @@ def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():
     decision = SchedulerDecision(drv.backend.now, tuple(place))
     drv.drop_inflight(guest)
     assert drv._live_placements(decision).placements == (place[1],)
+
+
+def test_a_guest_serves_within_the_prefill_chunk_its_start_asked_for():
+    from slicesched.decisions import GuestStart
+
+    sc = scenario(TP_PAIR)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]))
+    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9, max_batch_tokens=256), 0.0)
+    assert guest.engine.max_batch_tokens == 256 < drv.cfg["a"].max_batch_tokens
+
+
+def test_on_devices_shared_spatially_an_owners_ttft_is_not_stretched_by_a_guest():
+    """Its slices come first there; the guest's prefill is still stretched by the owner's work."""
+    from slicesched.decisions import GuestStart
+    from slicesched.replay.slo import isolated_slas
+    from slicesched.serving import Request
+
+    sc = scenario(TP_PAIR + "\n    [replay]\n    spatial_sharing = true\n")
+    cost = make_cost_model()
+    slas = isolated_slas(sc, cost)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
+                       cost=cost, slas=slas)
+    owner = next(rs for rs in drv.replicas if rs.replica.tenant == "b")
+    guest = drv.loans.start_guest(GuestStart("a", owner.replica.devices, 10e9), 0.0)
+    drv.backend.run()  # the guest's weights land
+    guest.engine.add_request(Request(100, "a", 0.0, 256, 8), 0.0)  # the guest has work
+    owner.engine.add_request(Request(200, "b", 0.0, 64, 8), 0.0)  # and so has the owner
+    alone = slas["b"].ttft_plan(0.5, 1024)[1]
+    queued = drv.predicted_ttft_s(owner, Request(300, "b", 0.5, 1024, 8)) - alone
+    assert queued < alone  # its own queue only, not doubled by the guest's work
+    assert drv.predicted_ttft_s(guest, Request(301, "a", 0.5, 1024, 8)) > 2 * slas["a"].ttft_plan(0.5, 1024)[1]

@@ -25,6 +25,7 @@ M = model_spec("llama-2-7b")
 MODELS = {"hot": "llama-2-7b", "cold": "llama-2-7b"}
 HOT_BUSY = ReplicaLoad("hot", (0,), 6, 30, False, 0, False, 0.5, 20e9)
 COLD_IDLE = ReplicaLoad("cold", (1,), 0, 0, False, 1, False, 0.0, 55e9)
+COLD_BUSY = ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.05, 70e9)  # requests of its own, KV to lend
 
 
 class View:
@@ -48,6 +49,9 @@ class View:
 
     def shard_loans_run(self):
         return self.shard_loans
+
+    def devices_shared(self):
+        return self.sim.shares_devices
 
 
 def two_tenants(nodes=1, per_node=2, inter_link="ib-ndr", intra_link="nvlink4", sharing=None):
@@ -362,7 +366,7 @@ def test_no_overflow_replica_where_the_fork_predicts_memory_beyond_the_device():
 def test_no_overflow_replica_on_a_busy_lender():
     g, sim = two_tenants(nodes=2, per_node=1)
     s = scheduler(guests=True)
-    s.attach(View(sim, [HOT_BUSY, ReplicaLoad("cold", (1,), 2, 6, False, 1, False, 0.1, 55e9)]))
+    s.attach(View(sim, [HOT_BUSY, COLD_BUSY]))  # on devices that run one slice at a time
     assert s.schedule(g, sim.now).guest_starts == ()
 
 
@@ -379,6 +383,33 @@ def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_aga
     queued = ReplicaLoad("cold", (1,), 1, 2, False, 1, False, 0.01, 20e9)
     s.attach(View(sim, [HOT_BUSY, queued, guest]))
     assert s.schedule(g, sim.now + 0.1).guest_stops == (GuestStop("hot", (1,), drain=False),)
+
+
+def _slices_s(shape):
+    g, c = build_iteration(M, shape), Cluster.homogeneous("H100-80GB", 1, 1)
+    return np.bincount(g.slice_of, weights=make_cost_model().op_times(g, c.device_specs[0], c.link(0, 0)))
+
+
+def test_on_spatially_shared_devices_a_busy_lender_hosts_an_overflow_replica_of_short_prefill_chunks():
+    """Its owner's slices come first there, so the guest runs on what they leave; each of its
+    prefill slices stays within a quarter of the owner's decode step alone."""
+    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
+    s = scheduler(guests=True)
+    s.attach(View(sim, [HOT_BUSY, COLD_BUSY]))
+    (gs,) = s.schedule(g, sim.now).guest_starts
+    assert (gs.tenant, gs.devices) == ("hot", (1,)) and gs.max_batch_tokens is not None
+    bound = 0.25 * _slices_s(BatchShape.decode(1, 1024)).sum()  # the owner's decode step alone
+    chunk = gs.max_batch_tokens
+    assert _slices_s(BatchShape.prefill(chunk)).max() <= bound < _slices_s(BatchShape.prefill(2 * chunk)).max()
+
+
+def test_on_spatially_shared_devices_the_overflow_replica_stays_when_its_lender_queues_requests():
+    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
+    s = scheduler(guests=True)
+    guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
+    queued = ReplicaLoad("cold", (1,), 3, 2, False, 1, False, 0.01, 20e9)
+    s.attach(View(sim, [HOT_BUSY, queued, guest]))
+    assert all(s.schedule(g, sim.now + i * 1e-3).guest_stops == () for i in range(40))
 
 
 def test_the_overflow_replica_drains_when_its_tenant_calms():

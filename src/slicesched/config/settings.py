@@ -88,6 +88,9 @@ class SliceSchedConfig(_Strict):
                                           "next check, so one decision's work stays bounded")
     lender_slack_frac: float = Field(0.1, ge=0, le=100, description="a lender's iteration may be delayed by borrowed "
                                      "slices by at most this share of its TPOT SLO (predicted by a what-if)")
+    guest_slice_frac: float = Field(0.25, gt=0, le=100, description="beside a lender with work of its own, each "
+                                    "slice of an overflow replica takes at most this share of the lender's decode "
+                                    "step alone (its slices go first, so each of its iterations waits for at most one)")
     min_gain_frac: float = Field(0.02, ge=0, le=100, description="borrow devices for an iteration only if the what-if "
                                  "predicts it ends at least this share of its home duration sooner")
     whatif_reuse_s: float = Field(0.25, ge=0, le=MAX_DURATION_S,

@@ -91,6 +91,7 @@ class ExecutorBackend:
         self.computes_tokens = bool(models)
         self.workers = workers
         self.runs_shard_loans = workers is None  # a step's stages never cross a worker process
+        self.shares_devices = False  # a device runs one slice at a time (spatial sharing is refused at start)
         self.served = ModelSteps(executor, gmg, models or {}, self._events, self.t0, workers)
         self._ooms: list[OOMEvent] = []  # reported in the next outcome
         self._kv: dict[tuple[str, int], float] = {}  # (tenant, device) -> KV bytes charged

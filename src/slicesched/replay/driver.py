@@ -243,6 +243,9 @@ class ReplayDriver:
     def shard_loans_run(self) -> bool:
         return self.backend.runs_shard_loans
 
+    def devices_shared(self) -> bool:
+        return self.backend.shares_devices
+
     def replicas_of(self, tenant: str) -> list[ReplicaState]:
         return self.fleet.of(tenant)
 
@@ -379,12 +382,13 @@ class ReplayDriver:
 
     def predicted_ttft_s(self, rs: ReplicaState, req: Request, own: float | None = None) -> float:
         """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
-        and its own (`own`, `alone_prefill_s`), stretched by the replicas of other tenants with
-        work on the same devices (one stream each: they take turns slice by slice). Only guests
-        share devices with another tenant's replica."""
+        and its own (`own`, `alone_prefill_s`), stretched by the replicas of other tenants with work
+        on the same devices (they take turns slice by slice). Only guests share devices with
+        another tenant's replica; on devices shared spatially an owner's slices come first, so
+        only a guest's prefill is stretched."""
         own = self.alone_prefill_s(req) if own is None else own
         sharing = 0
-        if self.guests_live:
+        if self.guests_live and (rs.guest or not self.backend.shares_devices):
             devs = set(rs.replica.devices)
             sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
                           and o.engine.has_work() and not devs.isdisjoint(o.replica.devices))

@@ -75,7 +75,8 @@ class Loans:
         per_tok = m.kv_bytes_per_token() / len(devs)
         cfg = self.drv.cfg[g.tenant]
         kv = self.drv.kv_pool(max(blocks_for(g.kv_bytes, per_tok, BLOCK_TOKENS), 1))
-        engine = TenantEngine(g.tenant, kv, cfg.max_batch_tokens, cfg.max_num_seqs, cfg.chunked_prefill,
+        budget = min(cfg.max_batch_tokens, g.max_batch_tokens or cfg.max_batch_tokens)
+        engine = TenantEngine(g.tenant, kv, budget, cfg.max_num_seqs, cfg.chunked_prefill,
                               max_inflight_batches=1, max_model_len=min(kv.capacity_tokens,
                                                                         home.engine.max_model_len))
         self.drv.apply_serving_rules(engine, Replica(g.tenant, devs))

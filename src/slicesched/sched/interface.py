@@ -79,6 +79,11 @@ class PlacementView(ServingView, Protocol):
         """Does the backend run staged shards and wide iterations (False: make no `ShardStage`)?"""
         ...
 
+    def devices_shared(self) -> bool:
+        """Do the backend's devices run several tenants' slices at once, their owners' first
+        (spatial sharing)? False: one slice at a time."""
+        ...
+
 
 class RoutedReplica(Protocol):
     """What a routing policy reads of a replica (the driver's replica state)."""
@@ -235,6 +240,7 @@ class Backend(Protocol):
     op_events: int  # events processed (simulator: ops and slices; executor: slices run)
     computes_tokens: bool  # runs real models: needs `StepInputs`, reports `StepOutcome.tokens`
     runs_shard_loans: bool  # runs staged shards and wide iterations (device workers in other processes do not)
+    shares_devices: bool  # runs several slices of a device at once, its owners' first (spatial sharing)
     what_if: "WhatIf | None"  # the what-if service over this backend's state (None: none)
 
     def add_iteration(self, graph: "IterationGraph", home: int = -1,

@@ -16,14 +16,18 @@ from typing import Any
 
 import numpy as np
 
+from slicesched.gmg import BatchShape, build_iteration
 from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
+from slicesched.hardware.specs import link_spec
 from slicesched.models.spec import model_spec
+from slicesched.serving.sla import REFERENCE_PROMPT
 from slicesched.sched.baselines import tp_ok
 from slicesched.sched.interface import (GuestStart, GuestStop, ReplicaLoad, SchedulerDecision, ShardLease, ShardRelease,
                                         ShardStage)
 
 _DONE = int(SliceState.DONE)
+MIN_GUEST_CHUNK = 256  # tokens: a guest held to smaller prefill chunks than this serves too little
 
 
 def _pool_bytes(r: ReplicaLoad) -> float:
@@ -80,10 +84,11 @@ class LendingMixin:
             # lease at 57 ms ran its borrower's first second 22 violations worse than at home)
             return (), releases, (), ()
         guests = [r for r in everyone if r.guest and not r.draining]
-        stops = self._guest_stops(guests, loads, now)
+        shared = view.devices_shared()
+        stops = self._guest_stops(guests, loads, now, shared)
         hosting = {d for g in guests for d in g.devices}
         # overflow replicas first: a whole replica on calm devices serves more than a lease of them
-        starts = self._guest_starts(gmg, loads, guests, leases, now, hosting)
+        starts = self._guest_starts(gmg, loads, guests, leases, now, hosting, shared)
         stages = (self._stages(gmg, loads, leases, now, hosting | {d for g in starts for d in g.devices})
                   if self._view.shard_loans_run() else ())  # device workers in other processes run no wide stage
         return stages, releases, starts, stops
@@ -136,17 +141,18 @@ class LendingMixin:
         return any(o.kv_used_frac >= self.cfg.reclaim_kv_frac or self._forecast.get(o.tenant, 0.0) > lim
                    for o in loads if not set(o.devices).isdisjoint(devices))
 
-    def _lender_candidates(self: Any, r: ReplicaLoad, loads: list[ReplicaLoad], excluded: set[str]) -> list[ReplicaLoad]:
-        """Replicas that may lend to `r`'s tenant: calm now (at most `lender_max_load` requests,
-        KV under half the reclaim mark), forecast at most `lender_forecast_frac` of the
-        borrower's, not draining, of no tenant in `excluded`. Devices shared spatially change
+    def _lender_candidates(self: Any, r: ReplicaLoad, loads: list[ReplicaLoad], excluded: set[str],
+                           busy: bool = False) -> list[ReplicaLoad]:
+        """Replicas that may lend to `r`'s tenant: calm now (at most `lender_max_load` requests;
+        any load if `busy`), KV under half the reclaim mark, forecast at most
+        `lender_forecast_frac` of the borrower's, not draining, of no tenant in `excluded`. Devices shared spatially change
         none of this: relaxed there (lenders serving requests, any idle share), a lease on a busy
         lender kept the overflow replica that would have served more off it (hot_cold, spatial:
         x1.297 -> x1.000)."""
         fc = self._forecast
         cap = self.cfg.lender_forecast_frac * fc.get(r.tenant, 0.0)
         return [o for o in loads if o.tenant != r.tenant and o.tenant not in excluded and not o.draining
-                and fc.get(o.tenant, 0.0) <= cap and o.waiting + o.running <= self.cfg.lender_max_load
+                and fc.get(o.tenant, 0.0) <= cap and (busy or o.waiting + o.running <= self.cfg.lender_max_load)
                 and o.kv_used_frac < self.cfg.reclaim_kv_frac / 2]
 
     def _touches(self: Any, gmg: GlobalMappingGraph, lease: Lease) -> bool:
@@ -219,17 +225,19 @@ class LendingMixin:
         return tuple(out)
 
     # ---- overflow replicas (every check_interval_s) --------------------------------------------
-    def _guest_stops(self: Any, guests: list[ReplicaLoad], loads: list[ReplicaLoad], now: float) -> tuple[GuestStop, ...]:
-        """Stop a guest when its lenders need their devices back (the lease rules, or requests of
-        their own queued): at once, its requests sent home (running ones with their KV); drain
-        it when its tenant is calm."""
+    def _guest_stops(self: Any, guests: list[ReplicaLoad], loads: list[ReplicaLoad], now: float,
+                     shared: bool) -> tuple[GuestStop, ...]:
+        """Stop a guest when its lenders need their devices back (the lease rules, or, on devices
+        that run one slice at a time, requests of their own queued): at once, its requests sent
+        home (running ones with their KV); drain it when its tenant is calm. On devices shared
+        spatially the owners' slices come first, so a busy owner keeps its guest."""
         fc, top = self._forecast, max(self._forecast.values(), default=0.0)
         out = []
         for g in guests:
             # an owner with requests of its own queued wants its device now: a guest shares it
             # for as long as it runs (azure x10.8: a guest on a code tenant's device through its burst;
             # draining its long conversations took seconds)
-            need = self._lenders_need_back(g.tenant, g.devices, loads) or any(
+            need = self._lenders_need_back(g.tenant, g.devices, loads) or not shared and any(
                 o.waiting > self.cfg.lender_max_load for o in loads if not set(o.devices).isdisjoint(g.devices))
             # hysteresis under the start rule: a restart copies the whole replica again
             calm = fc.get(g.tenant, 0.0) < 0.5 * max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)
@@ -239,10 +247,13 @@ class LendingMixin:
         return tuple(out)
 
     def _guest_starts(self: Any, gmg: GlobalMappingGraph, loads: list[ReplicaLoad], guests: list[ReplicaLoad],
-                      leases: tuple[ShardLease, ...], now: float, taken: set[int]) -> tuple[GuestStart, ...]:
+                      leases: tuple[ShardLease, ...], now: float, taken: set[int],
+                      shared: bool = False) -> tuple[GuestStart, ...]:
         """Up to one overflow replica per home replica of a hot tenant: its weights at its own
         degree on calm devices of any one node (the lenders' rules), ahead of need; the driver
-        routes an arrival there when its predicted TTFT is the lowest."""
+        routes an arrival there when its predicted TTFT is the lowest. On devices shared
+        spatially a lender may be busy: the guest's compute-bound prefill runs beside the owner's
+        memory-bound decode, on what the owner's slices leave (`sim.contention`)."""
         fc, top = self._forecast, max(self._forecast.values(), default=0.0)
         taken = taken | {d for ls in leases for d in ls.devices}  # guests' devices are in it already
         lenders_of = {ls.tenant for ls in leases} | {g.tenant for g in guests}
@@ -261,8 +272,8 @@ class LendingMixin:
                 continue
             if self._budget_spent():
                 break
-            cands = self._lender_candidates(r, loads, lenders_of)
-            g = self._guest_for(gmg, r, cands, taken, idle)
+            cands = self._lender_candidates(r, loads, lenders_of, busy=shared)
+            g = self._guest_for(gmg, r, cands, taken, idle, shared)
             if g is None:
                 continue
             out.append(g)
@@ -273,17 +284,20 @@ class LendingMixin:
         return tuple(out)
 
     def _guest_for(self: Any, gmg: GlobalMappingGraph, r: ReplicaLoad, cands: list[ReplicaLoad], taken: set[int],
-                   idle: np.ndarray) -> GuestStart | None:
+                   idle: np.ndarray, shared: bool = False) -> GuestStart | None:
         tp = len(r.devices)
         fc = self._forecast
-        owner = {d: o for o in cands for d in o.devices}
+        chunk = self._guest_chunks(gmg, r.tenant, tp, cands) if shared else {}
+        # one slice at a time: calm devices mostly idle; shared: any device where the guest's
+        # slices can stay short beside its owner's
+        owner = {d: o for o in cands for d in o.devices
+                 if (d in chunk if shared else idle[d] >= self.cfg.min_idle_share)}
         blocks = block_weight_bytes(model_spec(self.models[r.tenant]), tp)
         weights = float(blocks.sum())
         pool = _pool_bytes(r)
         best = None
         for node in sorted({gmg.cluster.device_node[d] for d in owner}):
-            devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken
-                           and idle[d] >= self.cfg.min_idle_share),
+            devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken),
                           key=lambda d: (fc.get(owner[d].tenant, 0.0), -float(idle[d]), d))[:tp]
             if len(devs) < tp:
                 continue
@@ -294,10 +308,63 @@ class LendingMixin:
             if best is None or key < best[0]:
                 # weights from the host cache: a copy out of the home replica would slow its own
                 # work for as long as it streams (servegen x0.839 seed 1: 11 more violations)
-                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool)))
+                budget = min((chunk[d] for d in devs), default=None) if shared else None
+                full = self.chunk_tokens.get(r.tenant)
+                best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool),
+                                        budget if budget is not None and (full is None or budget < full) else None))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None
         return best[1]
+
+    def _guest_chunks(self: Any, gmg: GlobalMappingGraph, tenant: str, tp: int,
+                      cands: list[ReplicaLoad]) -> dict[int, int]:
+        """Device -> the guest's largest prefill chunk beside that device's owner: each of its
+        slices at most `guest_slice_frac` of the owner's decode step alone (a long guest slice
+        holds SMs the owner's next iteration wants); devices where even `MIN_GUEST_CHUNK` tokens
+        take longer are left out."""
+        out = {}
+        for o in cands:
+            for d in o.devices:
+                c = self._guest_chunk(gmg, tenant, tp, d,
+                                      self.cfg.guest_slice_frac * self._step_s(gmg, o.tenant, len(o.devices), d))
+                if c:
+                    out[d] = c
+        return out
+
+    def _guest_chunk(self: Any, gmg: GlobalMappingGraph, tenant: str, tp: int, device: int,
+                     bound_s: float) -> int | None:
+        """The tenant's largest prefill chunk (its budget, halved as needed, at least
+        `MIN_GUEST_CHUNK` tokens) whose longest slice at degree `tp` on `device` takes at most
+        `bound_s`; None if none does."""
+        c = self.chunk_tokens.get(tenant) or 2048
+        while self._guest_slice_s(gmg, tenant, tp, device, c) > bound_s:
+            c //= 2
+            if c < MIN_GUEST_CHUNK:
+                return None
+        return c
+
+    def _guest_slice_s(self: Any, gmg: GlobalMappingGraph, tenant: str, tp: int, device: int, chunk: int) -> float:
+        """The longest slice of a `chunk`-token prefill of the tenant at degree `tp` on devices like
+        `device`: the longest a guest's slice holds a device its owner's next iteration needs."""
+        return self._slices_s(gmg, tenant, tp, device, chunk, 0).max()
+
+    def _step_s(self: Any, gmg: GlobalMappingGraph, tenant: str, tp: int, device: int) -> float:
+        """The tenant's decode step alone (one request, `REFERENCE_PROMPT` tokens of context) at
+        degree `tp` on devices like `device`: the owner's iteration a guest's slice may stretch."""
+        return self._slices_s(gmg, tenant, tp, device, 1, REFERENCE_PROMPT).sum()
+
+    def _slices_s(self: Any, gmg: GlobalMappingGraph, tenant: str, tp: int, device: int, tokens: int,
+                  context: int) -> np.ndarray:
+        """Seconds of each slice of one request's iteration (`tokens` new after `context`), cached."""
+        spec = gmg.cluster.device_specs[device]
+        key = (tenant, tp, spec.name, tokens, context)
+        if key not in self._slice_s:
+            shape = BatchShape(np.array([tokens]), np.array([context]), 1)
+            g = build_iteration(model_spec(self.models[tenant]), shape, tp, self.grain)
+            cl = gmg.cluster
+            link = link_spec(cl.nodes[cl.device_node[device]].intra_link) if tp > 1 else cl.link(device, device)
+            self._slice_s[key] = np.bincount(g.slice_of, weights=self.cost.op_times(g, spec, link))
+        return self._slice_s[key]
 
     def _lendable(self: Any, o: ReplicaLoad) -> float:
         """Bytes per device a lender may lend: `lend_frac` of its free KV pool beyond a headroom of

@@ -48,7 +48,7 @@ import numpy as np
 
 from slicesched.config.settings import SliceSchedConfig
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
-from slicesched.gmg.ops import IterationGraph
+from slicesched.gmg.ops import Grain, IterationGraph
 from slicesched.models.spec import model_spec
 from slicesched.sched.interface import (SCHEDULERS, GuestStart, GuestStop, PlacementView, Scheduler,
                                         SchedulerDecision, ShardRelease, ShardStage, SlicePlacement, StepOutcome)
@@ -131,8 +131,13 @@ class SliceScheduler(LendingMixin, Scheduler):
     admission = Deadline()  # the most requests within their TTFT SLO first
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
-                 capacity_bytes: float | np.ndarray = 80e9) -> None:
+                 capacity_bytes: float | np.ndarray = 80e9, grain: Grain = Grain.BLOCK,
+                 chunk_tokens: dict[str, int] | None = None) -> None:
+        """`grain`: the replay's slice grain; `chunk_tokens`: each tenant's largest prefill chunk
+        (its `max_batch_tokens`), which bound how long a guest's slice holds a lender's device."""
         self.models = models or {}
+        self.grain, self.chunk_tokens = grain, chunk_tokens or {}
+        self._slice_s: dict[tuple, float] = {}  # (tenant, tp, device type) -> a guest's longest slice
         self.cfg = config or SliceSchedConfig()
         self.capacity_bytes = capacity_bytes
         self.report = RunReport()
@@ -153,7 +158,9 @@ class SliceScheduler(LendingMixin, Scheduler):
     @classmethod
     def from_scenario(cls, scenario) -> "SliceScheduler":
         cap = scenario.cluster.memory_per_device() * scenario.replay.gpu_memory_utilization
-        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap)
+        return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap,
+                   grain=Grain[scenario.replay.grain.upper()],
+                   chunk_tokens={t.name: t.max_batch_tokens for t in scenario.tenants})
 
     def run_report(self) -> dict[str, float]:
         return self.report.as_dict()

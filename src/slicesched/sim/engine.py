@@ -119,6 +119,12 @@ class Simulator(BytesOnlyKV):
     computes_tokens, runs_shard_loans = False, True  # prices iterations from their graphs; never runs a model
 
     @property
+    def shares_devices(self) -> bool:
+        """Several slices of a device at once, owners' first (`contention.py`), where the
+        scenario shares devices spatially."""
+        return self.share is not None
+
+    @property
     def what_if(self) -> "Simulator":
         """The what-if service: `fork()` predicts from the cost model."""
         return self

@@ -73,6 +73,7 @@ class IterationLane(BytesOnlyKV):
 
     computes_tokens = False
     runs_shard_loans = True
+    shares_devices = False  # vouches only where nothing overlaps on a device
     what_if = None  # a home-only scheduler asks none
     record = False  # timelines need the simulator (the driver keeps it when one is asked for)
 
