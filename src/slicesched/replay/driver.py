@@ -382,16 +382,12 @@ class ReplayDriver:
 
     def predicted_ttft_s(self, rs: ReplicaState, req: Request, own: float | None = None) -> float:
         """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
-        and its own (`own`, `alone_prefill_s`), stretched by the replicas of other tenants with work
-        on the same devices (they take turns slice by slice). Only guests share devices with
-        another tenant's replica; on devices shared spatially an owner's slices come first, so
-        only a guest's prefill is stretched."""
+        and its own (`own`, `alone_prefill_s`), stretched by other tenants' replicas with work on
+        its devices (guests take turns with owners; owners of spatially shared devices go first)."""
         own = self.alone_prefill_s(req) if own is None else own
-        sharing = 0
-        if self.guests_live and (rs.guest or not self.backend.shares_devices):
-            devs = set(rs.replica.devices)
-            sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
-                          and o.engine.has_work() and not devs.isdisjoint(o.replica.devices))
+        devs, shared = set(rs.replica.devices), self.guests_live and (rs.guest or not self.backend.shares_devices)
+        sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
+                      and o.engine.has_work() and not devs.isdisjoint(o.replica.devices)) if shared else 0
         return (queued_prefill_s(rs.engine, self.slas.get(req.tenant)) + own) * (1 + sharing)
 
     @property

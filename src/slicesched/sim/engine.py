@@ -117,12 +117,7 @@ class Simulator(BytesOnlyKV):
 
     # ==== driver API (`sched.interface.Backend`) ==========================================
     computes_tokens, runs_shard_loans = False, True  # prices iterations from their graphs; never runs a model
-
-    @property
-    def shares_devices(self) -> bool:
-        """Several slices of a device at once, owners' first (`contention.py`), where the
-        scenario shares devices spatially."""
-        return self.share is not None
+    shares_devices = property(lambda self: self.share is not None)  # spatially: owners first (`contention.py`)
 
     @property
     def what_if(self) -> "Simulator":
@@ -579,7 +574,6 @@ class Simulator(BytesOnlyKV):
         """Running slices, segments, queue and heap: a fork's plan, reused by later forks of one state."""
         share = self.share.copy() if self.share is not None else None  # the fork simulates on: a copy
         return dict(self._running), list(self.segs.on), self.segs.n, self.queue.copy(), list(self._heap), share
-
 
     @property
     def event_key(self) -> tuple:
