@@ -202,3 +202,12 @@ def test_device_threads_beyond_the_hosts_cores_share_them() -> None:
     assert _host_ends(driver) == pytest.approx([3 * t for t in alone], rel=1e-9)
     assert _host_ends(SharingModel(streams=1, host_cores=1), wake="iteration") == \
         _host_ends(SharingModel(streams=1, host_cores=1))  # no segment forms: rates change as threads come and go
+
+
+def test_only_several_streams_per_device_make_the_simulator_declare_shared_devices() -> None:
+    """Host cores alone (the executor's CPU device threads) run one slice per device: schedulers
+    keep their one-stream rules there, as on the executor they predict."""
+    gmg = world({"a": (BIG, (0,))})
+    assert not Simulator(gmg.fork(), COST).shares_devices
+    assert not Simulator(gmg.fork(), COST, sharing=SharingModel(streams=1, host_cores=2)).shares_devices
+    assert Simulator(gmg.fork(), COST, sharing=SharingModel()).shares_devices

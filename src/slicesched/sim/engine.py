@@ -117,7 +117,7 @@ class Simulator(BytesOnlyKV):
 
     # ==== driver API (`sched.interface.Backend`) ==========================================
     computes_tokens, runs_shard_loans = False, True  # prices iterations from their graphs; never runs a model
-    shares_devices = property(lambda self: self.share is not None)  # spatially: owners first (`contention.py`)
+    shares_devices = property(lambda self: self.share is not None and self.share.model.streams > 1)  # not host cores
 
     @property
     def what_if(self) -> "Simulator":
