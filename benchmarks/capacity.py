@@ -13,6 +13,12 @@ progress can be followed from one change to the next. Real-trace scenarios need 
     python benchmarks/capacity.py hot_cold default # chosen ones
     python benchmarks/capacity.py hot_cold -s dedicated -s slicesched  # chosen schedulers
     python benchmarks/capacity.py --spatial-sharing   # devices shared spatially ([replay] spatial_sharing)
+    python benchmarks/capacity.py default --refine 5  # finer brackets (more probes)
+
+The search doubles from x1 until a probe fails, then bisects the bracket geometrically `--refine`
+times (default 3): capacities lie on a grid of `capacity_step_<scenario>` (2^(1/8) = 1.09x by
+default), so a ratio of two capacities moves in such steps; a comparison against a 1.10x
+target needs `--refine 4` or more to be resolved.
 
 The ratio needs `slicesched` and at least one baseline among the schedulers run.
 """
@@ -46,7 +52,8 @@ WINDOW_S = 20.0  # the fixed budget: 20 s of arrivals, 3 seeds, bracketing from 
 JOBS = int(os.environ.get("BENCH_JOBS", "2"))
 
 
-def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS, spatial: bool = False) -> None:
+def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS, spatial: bool = False,
+            refine: int = CapacitySettings().refine) -> None:
     try:
         sc = load_scenario(path)
         if spatial:  # every scheduler on devices that run two slices at once; figures named `_spatial`
@@ -56,10 +63,11 @@ def measure(name: str, path: Path, schedulers: tuple[str, ...] = SCHEDULERS, spa
     except InputError as e:  # a real-trace scenario without ../shared
         print(f"# {name}: skipped ({e.one_line()})")
         return
-    settings = CapacitySettings(seeds=(sc.seed, sc.seed + 1, sc.seed + 2))
+    settings = CapacitySettings(seeds=(sc.seed, sc.seed + 1, sc.seed + 2), refine=refine)
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_capacity(sc, schedulers, settings, duration_s=WINDOW_S, jobs=JOBS)
     print(f"roofline_bound_{name}: {bound.scale:.3f} x")
+    print(f"capacity_step_{name}: {2 ** (0.5 ** refine):.3f} x")  # neighbouring probes at the end of a search
     for s, r in res.items():
         lo, hi = r.spread
         flag = f" ({r.stopped_by})" if r.stopped_by else ""
@@ -91,9 +99,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("-s", "--scheduler", action="append", help="default: all nine")
     ap.add_argument("--spatial-sharing", action="store_true", help="devices run two slices at once, sharing SMs "
                     "and HBM bandwidth (figures named <scenario>_spatial)")
+    ap.add_argument("--refine", type=int, default=CapacitySettings().refine, choices=range(0, 9), metavar="N",
+                    help="geometric bisections of each bracket, 0-8 (default %(default)s: 2^(1/8) steps)")
     args = ap.parse_args(argv)
     for name in args.scenarios or list(SCENARIOS):
-        measure(name, SCENARIOS[name], tuple(args.scheduler or SCHEDULERS), args.spatial_sharing)
+        measure(name, SCENARIOS[name], tuple(args.scheduler or SCHEDULERS), args.spatial_sharing, args.refine)
 
 
 if __name__ == "__main__":
