@@ -14,9 +14,9 @@ is perturbed (seeded noise and interference). Prints one `name: value unit` a li
   round trip (outcome, driver, decision) of a few microseconds for ~6 ops, which bounds this
   mode in CPython whatever the engine does; _wake_slice_layer_grain: per-slice wake, LAYER grain.
 - sim_op_events_per_ms_spatial_sharing: the first figure with devices shared spatially
-  (`SharingModel`): every slice an event of its own (no segments: a neighbour's start changes
-  a running slice's end) and its rate set by who runs beside it; nothing overlaps here, so
-  it is the price of the bookkeeping.
+  (`SharingModel`): each slice's rate set by who runs beside it; nothing overlaps here, so a
+  slice alone becomes a segment as on one-stream devices, and the figure is the price of the
+  sharing model's bookkeeping at each segment's start and end.
 - whatif_p50_us / whatif_p99_us: fork + apply one placement (the iteration just formed) +
   simulate 100 ms, at 10 consecutive decision points of one replay x 40 what-ifs each (the first
   at each point pays for planning the running chains and meets the caches the replay step left;

@@ -211,3 +211,25 @@ def test_only_several_streams_per_device_make_the_simulator_declare_shared_devic
     assert not Simulator(gmg.fork(), COST).shares_devices
     assert not Simulator(gmg.fork(), COST, sharing=SharingModel(streams=1, host_cores=2)).shares_devices
     assert Simulator(gmg.fork(), COST, sharing=SharingModel()).shares_devices
+
+
+def _shared_run(wake: str, guest: bool) -> tuple[list[float], int]:
+    """Tenant a's decode on device 0 (and guest b's beside it, if `guest`): when each iteration
+    ends, and how many events the simulator processed."""
+    gmg = world({"a": (BIG, (0,)), "b": (BIG, (1,))}, everywhere=True)
+    sim = Simulator(gmg, COST, sharing=SharingModel())
+    hs = [sim.add_iteration(build_iteration(BIG, DECODE, tenant=t, grain=Grain.OP)) for t in ("ab" if guest else "a")]
+    sim.execute(SchedulerDecision(0.0, tuple(SlicePlacement(h.slice_base, 0, h.num_slices) for h in hs)), wake=wake)
+    while sim.next_time() < float("inf"):
+        sim.execute(SchedulerDecision(sim.now), wake=wake)
+    return sorted(t for _, _, t in sim.log.iterations), sim.stamp
+
+
+def test_a_slice_alone_on_a_shared_device_runs_its_chain_as_one_segment_ending_when_it_would() -> None:
+    ends, events = _shared_run("slice", guest=False)
+    seg_ends, seg_events = _shared_run("iteration", guest=False)
+    assert seg_ends == ends
+    assert seg_events < events / 2  # the chain's slices in a few events, not two each
+    ends, events = _shared_run("slice", guest=True)
+    seg_ends, seg_events = _shared_run("iteration", guest=True)
+    assert seg_ends == pytest.approx(ends, rel=1e-12)  # a neighbour: per-slice rates, the same ends

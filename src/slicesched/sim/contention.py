@@ -211,6 +211,27 @@ class Sharing:
         self.work[s] = [work, now, -1.0]  # no rate yet: always reported
         return self._rerate(devs, now)
 
+    def alone(self, s: int, devs: tuple[int, ...], start: float, work: float) -> bool:
+        """Has s run alone on its devices at its full rate since `start`, with `work` seconds to do
+        then, where nothing beyond its devices sets its rate (no host cores)? Then it runs as in
+        the one-stream simulator until a slice starts beside it, which splits the segment it may
+        become (`Segments.touch`); `adopt` gives it back the same record, bit for bit."""
+        w = self.work[s]
+        return (self.node_of is None and w[2] == 1.0 and w[1] == start and w[0] == work
+                and all(len(self.on[d]) == 1 for d in devs))
+
+    def forget(self, s: int) -> None:
+        """s becomes a segment's first step: the segment times its steps, not this model."""
+        sh = self.shares.pop(s)
+        del self.work[s]
+        for d in sh.devs:
+            self.on[d].discard(s)
+
+    def adopt(self, s: int, info: "IterInfo", local: int, group: int, devs: tuple[int, ...],
+              start: float, work: float) -> None:
+        """The step a segment left running (alone, at rate 1 since `start`) is timed here again."""
+        self.start(s, info, local, group, devs, work, start)  # alone: rate 1, its end unchanged
+
     def priority(self, tenant: str, devs: tuple[int, ...]) -> int:
         """HIGH where the tenant owns one of the devices (or one has no owner), else LOW (a guest)."""
         return HIGH if any(not self.owners[d] or tenant in self.owners[d] for d in devs) else LOW

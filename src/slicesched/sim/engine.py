@@ -119,10 +119,7 @@ class Simulator(BytesOnlyKV):
     computes_tokens, runs_shard_loans = False, True  # prices iterations from their graphs; never runs a model
     shares_devices = property(lambda self: self.share is not None and self.share.model.streams > 1)  # not host cores
 
-    @property
-    def what_if(self) -> "Simulator":
-        """The what-if service: `fork()` predicts from the cost model."""
-        return self
+    what_if = property(lambda self: self)  # the what-if service: `fork()` predicts from the cost model
 
     def add_iteration(self, graph: IterationGraph, home: int = -1, inputs: object = None) -> IterationHandle:
         """Register an iteration in the GMG at the current time (its first slices become ready);
@@ -254,8 +251,7 @@ class Simulator(BytesOnlyKV):
         the prediction then covers up to that instant."""
         t1 = self.advance(self.now + horizon_s, set(stop_after))
         self.out.drop_completions()
-        return build_prediction(self._sh.cluster, self.mem.t0, t1, self.tracked, self.log, self.tail(),
-                                self.mem.peak())
+        return build_prediction(self._sh.cluster, self.mem.t0, t1, self.tracked, self.log, self.tail(), self.mem.peak())
 
     def tail(self) -> list[tuple[int, int, float, float]]:
         """(slice, group, start, predicted end) of every running slice."""
@@ -437,7 +433,10 @@ class Simulator(BytesOnlyKV):
         run = _new_run(Run, (g, now, now + timing.slice_dur[j] * scale, info, j, timing, scale, co, ver, None))
         self._running[s] = run
         if self.share is not None:  # its rate and its neighbours' follow from who runs beside it
-            return rerun(self, self.share.start(s, info, j, g, devs, timing.slice_dur[j] * scale, now))
+            ev = rerun(self, self.share.start(s, info, j, g, devs, timing.slice_dur[j] * scale, now))
+            if not self.segments or len(ev) > 1:  # its own end alone: `try_segment` sees if it runs alone
+                return ev
+            run = self._running[s]
         if self.segments:
             return self.segs.try_segment(s, run, devs)
         return [(run.end, _SLICE_END, s, ver)]

@@ -20,6 +20,11 @@ per-slice events would have written it, the step in progress continues as an ord
 slice, and chains that were waiting go back to the queue with their runnable times. Memory is
 checked up front against the devices' use at the segment's start, and the segment stops before
 any step whose allocation would fail, so that OOM happens in the ordinary path.
+
+On spatially shared devices (`contention.py`) a slice becomes a segment only while it runs
+alone on its devices at full rate, as it has since it started: a slice starting beside it
+touches the devices, which splits the segment, and the step in progress goes back to the
+sharing model with the work record per-slice events would have left it (`Sharing.adopt`).
 """
 
 from __future__ import annotations
@@ -115,8 +120,9 @@ class Segments:
         """Called right after slice `s` started: make it the first step of a segment if that is safe."""
         g = run.group
         plain = [(run.end, _SLICE_END, s, run.version)]
-        if self.sim.share is not None:  # rates change as neighbours start and end: per-slice events
-            return plain
+        share = self.sim.share
+        if share is not None and not share.alone(s, devs, run.start, run.timing.slice_dur[run.local] * run.scale):
+            return plain  # rates change with its neighbours (or changed): per-slice events
         seg_on = self.on
         for d in devs:
             if seg_on[d] is not None:  # another stream's segment guards them
@@ -146,6 +152,8 @@ class Segments:
         if self.sim.reads is not None:
             self.sim.reads.note_segment(seg)
         key = int(seg.ids[-1])
+        if self.sim.share is not None:
+            self.sim.share.forget(s)
         # run._replace(end=..., seg=seg) without its keyword machinery
         self.sim._rekey_run(s, key, tuple.__new__(type(run), (*run[:2], float(seg.ends[-1]), *run[3:9], seg)))
         for d in devs:
@@ -255,6 +263,9 @@ class Segments:
             self.on[d] = None
         self.n -= 1
         self.sim._rekey_run(key, int(seg.ids[c]), cur)
+        if self.sim.share is not None:
+            self.sim.share.adopt(int(seg.ids[c]), cur.info, cur.local, cur.group, devs, cur.start,
+                                 cur.timing.slice_dur[cur.local] * cur.scale)
         return cur
 
     def sync(self) -> None:
@@ -354,7 +365,7 @@ class Segments:
             if run is None or run.seg is not None:
                 continue
             devs = self.sim._devs(run.group)
-            # several streams or shared rates (`try_segment` declines those), zero-length steps, waiters
+            # several streams or shared rates (`try_segment` decides those), zero-length steps, waiters
             if (self.sim.streams > 1 or self.sim.share is not None or not run.timing.all_positive
                     or self._waiting_on(devs)):
                 self.sim._push(self.try_segment(s, run, devs))
