@@ -221,7 +221,8 @@ class Sharing:
                 and all(len(self.on[d]) == 1 for d in devs))
 
     def forget(self, s: int) -> None:
-        """s becomes a segment's first step: the segment times its steps, not this model."""
+        """Drop s without re-rating its neighbours (a segment's first step: the segment times its
+        steps, not this model; or, through `end`, before they are re-rated)."""
         sh = self.shares.pop(s)
         del self.work[s]
         for d in sh.devs:
@@ -238,11 +239,9 @@ class Sharing:
 
     def end(self, s: int, now: float) -> dict[int, float]:
         """Slice s ended (or stopped): the new ends of the slices left beside it."""
-        sh = self.shares.pop(s)
-        del self.work[s]
-        for d in sh.devs:
-            self.on[d].discard(s)
-        return self._rerate(sh.devs, now)
+        devs = self.shares[s].devs
+        self.forget(s)
+        return self._rerate(devs, now)
 
     def retime(self, s: int, factor: float, now: float) -> float:
         """Scale the work s has left by `factor` (a fork re-timing it from the cost model): its new end."""
