@@ -96,12 +96,15 @@ class GuestStart:
     `kv_bytes` per device of KV cache lent by the devices' owners. Its slices then run only where
     the scheduler places them (in the owners' idle slices). `max_batch_tokens`: its iterations'
     token budget where smaller than the tenant's (None: the tenant's): beside busy owners, each of
-    its slices stays short enough for the owners' next iterations to wait for."""
+    its slices stays short enough for the owners' next iterations to wait for. `prefill_only`:
+    it serves prompts only, each request moving home with its KV cache once its first token is
+    out (disaggregated prefill), so the owners' devices never carry its memory-bound decodes."""
 
     tenant: str
     devices: tuple[int, ...]
     kv_bytes: float
     max_batch_tokens: int | None = None
+    prefill_only: bool = False
 
     def weight_copies(self, num_blocks: int) -> tuple[WeightCopy, ...]:
         return tuple(WeightCopy(self.tenant, blk, -1, dst) for dst in self.devices for blk in range(num_blocks))

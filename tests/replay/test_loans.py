@@ -163,3 +163,43 @@ def test_on_devices_shared_spatially_an_owners_ttft_is_not_stretched_by_a_guest(
     queued = drv.predicted_ttft_s(owner, Request(300, "b", 0.5, 1024, 8)) - alone
     assert queued < alone  # its own queue only, not doubled by the guest's work
     assert drv.predicted_ttft_s(guest, Request(301, "a", 0.5, 1024, 8)) > 2 * slas["a"].ttft_plan(0.5, 1024)[1]
+
+
+def _prefill_guest(home_kv_blocks: int | None = None):
+    """A driver of TP_PAIR with a prefill-only guest of `a` on `b`'s devices, its weights
+    resident, three requests queued on it; `home_kv_blocks`: fill `a`'s home pool to leave
+    that many blocks free."""
+    from slicesched.decisions import GuestStart
+    from slicesched.serving import Request
+
+    sc = scenario(TP_PAIR)
+    # slicesched decides no loan of its own before a whole idle window: this run is over by then
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [0.0], [10], [2], ["b"]))
+    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9, prefill_only=True), 0.0)
+    drv.backend.run()  # the weights land
+    if home_kv_blocks is not None:
+        home.engine.kv.lend(home.engine.kv.num_free - home_kv_blocks)
+    reqs = [Request(100 + i, "a", 0.0, 1000, 20) for i in range(3)]
+    for r in reqs:
+        guest.engine.add_request(r, 0.0)
+    return drv, home, guest, reqs
+
+
+def test_a_prefill_only_guest_sends_each_request_home_with_its_kv_once_its_first_token_is_out():
+    """Disaggregated prefill: the guest computes the prompts, the home replica decodes them; no
+    request is recomputed and every one finishes."""
+    drv, home, guest, reqs = _prefill_guest()
+    drv.run()
+    assert all(r.is_finished and r.num_generated == 20 and r.num_preemptions == 0 for r in reqs)
+    assert drv.loans.handed_off == 3
+    assert drv.loans.kv_bytes_moved == pytest.approx(3 * 1000 * drv.models["a"].kv_bytes_per_token())
+    assert guest.engine.kv.used_blocks == 0 and not guest.engine.has_work()
+
+
+def test_a_prefill_only_guest_decodes_a_request_itself_when_no_home_has_room_for_its_kv():
+    drv, home, guest, reqs = _prefill_guest(home_kv_blocks=2)  # 32 tokens: no room for 1000
+    drv.run()
+    assert all(r.is_finished and r.num_generated == 20 and r.num_preemptions == 0 for r in reqs)
+    assert drv.loans.handed_off == 0 and drv.loans.kv_bytes_moved == 0

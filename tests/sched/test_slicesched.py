@@ -320,7 +320,7 @@ def test_an_overflow_replica_is_staged_on_a_calm_device_of_another_node():
     s = scheduler(guests=True)
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     (gs,) = s.schedule(g, sim.now).guest_starts
-    assert (gs.tenant, gs.devices) == ("hot", (1,))
+    assert (gs.tenant, gs.devices) == ("hot", (1,)) and not gs.prefill_only  # a calm lender: it decodes too
     assert all(c.src_device == -1 for c in gs.weight_copies(3))  # from host memory
     weights = g.resident["hot"][:, 0].sum()  # its whole replica at its own degree
     assert gs.kv_bytes == pytest.approx(COLD_IDLE.kv_free_bytes * 0.5 - weights)
@@ -392,12 +392,13 @@ def _slices_s(shape):
 
 def test_on_spatially_shared_devices_a_busy_lender_hosts_an_overflow_replica_of_short_prefill_chunks():
     """Its owner's slices come first there, so the guest runs on what they leave; each of its
-    prefill slices stays within a quarter of the owner's decode step alone."""
+    prefill slices stays within a quarter of the owner's decode step alone, and it serves
+    prompts only (its requests decode at home)."""
     g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
     s = scheduler(guests=True)
     s.attach(View(sim, [HOT_BUSY, COLD_BUSY]))
     (gs,) = s.schedule(g, sim.now).guest_starts
-    assert (gs.tenant, gs.devices) == ("hot", (1,)) and gs.max_batch_tokens is not None
+    assert (gs.tenant, gs.devices) == ("hot", (1,)) and gs.max_batch_tokens is not None and gs.prefill_only
     bound = 0.25 * _slices_s(BatchShape.decode(1, 1024)).sum()  # the owner's decode step alone
     chunk = gs.max_batch_tokens
     assert _slices_s(BatchShape.prefill(chunk)).max() <= bound < _slices_s(BatchShape.prefill(2 * chunk)).max()

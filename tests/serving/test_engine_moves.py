@@ -120,3 +120,19 @@ def test_adopt_running_refuses_without_free_blocks_and_changes_nothing():
     (moved,) = src.hand_over()
     assert not dst.adopt_running(moved, 0.2)
     assert dst.kv.num_free == 1 and not dst.has_work()
+
+
+def test_hand_over_decoding_gives_up_only_requests_past_their_prompt_that_take_accepts():
+    """A prompt still being chunked stays; a refused one stays with its blocks; the others leave
+    with their progress, their blocks freed after `take` saw them still held."""
+    e = TenantEngine("t", KVBlockManager(64, 16), max_batch_tokens=96, max_num_seqs=8)
+    rs = [Request(0, "t", 0.0, 32, 4), Request(1, "t", 0.0, 32, 4), Request(2, "t", 0.0, 200, 4)]
+    for r in rs:
+        e.add_request(r, 0.0)
+    e.on_batch_done(e.next_batch(0.0), 1.0)  # 0 and 1 prefilled; 2 has a chunk of its prompt done
+    held = {}
+    out = e.hand_over_decoding(lambda r: held.setdefault(r.id, e.kv.held(r.id)) > 0 and r.id == 0)
+    assert [r.id for r in out] == [0] and out[0].num_computed_tokens == 32 and held.keys() == {0, 1}
+    assert e.num_running == 2 and e.kv.held(0) == 0 and e.kv.held(1) > 0
+    a = engine()
+    assert a.adopt_running(out[0], 1.0)  # and another replica can take it over, running

@@ -91,6 +91,10 @@ class SliceSchedConfig(_Strict):
     guest_slice_frac: float = Field(0.25, gt=0, le=100, description="beside a lender with work of its own, each "
                                     "slice of an overflow replica takes at most this share of the lender's decode "
                                     "step alone (its slices go first, so each of its iterations waits for at most one)")
+    guest_prefill_only: bool = Field(True, description="on spatially shared devices an overflow replica serves "
+                                     "prompts only: each request decodes at home once its first token is out, its KV "
+                                     "sent over the link, so a lender's device never runs the guest's memory-bound "
+                                     "decodes at low priority beside its owner's work")
     min_gain_frac: float = Field(0.02, ge=0, le=100, description="borrow devices for an iteration only if the what-if "
                                  "predicts it ends at least this share of its home duration sooner")
     whatif_reuse_s: float = Field(0.25, ge=0, le=MAX_DURATION_S,

@@ -482,14 +482,13 @@ class ReplayDriver:
             return self.inflight[key][0]  # done once its KV shard is copied home (and the mirror caught up)
         rs, batch = self.inflight.pop(key)
         rs.engine.on_batch_done(batch, t, tokens)
+        if rs.prefill_only:  # its requests past their prompt go home to decode
+            self.loans.hand_off(rs, t)
         self.attribution.attribute_key(key)
         self.backend.retire(key)
         self.charge_kv(rs, t)
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
-            if rs.guest:
-                self.loans.release_guest(rs, t)
-            else:
-                self.moves.finish_drain(rs, t)
+            (self.loans.release_guest if rs.guest else self.moves.finish_drain)(rs, t)
         return rs
 
     def charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:

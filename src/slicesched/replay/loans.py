@@ -50,6 +50,7 @@ class Loans:
         self.shards_staged = 0
         self.shard_bytes_moved = 0.0
         self.kv_bytes_moved = 0.0
+        self.handed_off = 0  # requests a prefill-only guest sent home to decode
         self.saved_kv: dict[int, object] = {}  # request id -> its KV contents on the way home (real KV only)
 
     def shard_leases(self) -> tuple[ShardLease, ...]:
@@ -81,7 +82,7 @@ class Loans:
                                                                         home.engine.max_model_len))
         self.drv.apply_serving_rules(engine, Replica(g.tenant, devs))
         rs = ReplicaState(Replica(g.tenant, devs), self.drv.cluster.group_id(devs), engine, per_tok, guest=True,
-                          lent=lent)
+                          lent=lent, prefill_only=g.prefill_only)
         self.drv.fleet.enlist(rs)
         self.guests_started += 1
         return rs
@@ -137,17 +138,13 @@ class Loans:
         """A stopped guest's requests go home: a running one with its KV cache, copied over the
         link to a home replica with room (it resumes there once the copy lands, see
         `land_kv`); the others, and those no home has room for, are recomputed there."""
-        m = self.drv.models[rs.replica.tenant]
         moving: dict[ReplicaState, list[Request]] = {}
         booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)  # tokens already on their way there
         backend = self.drv.backend
 
-        def keep_kv(req: Request) -> None:  # a backend with real KV copies it out before the blocks go
-            if req.num_computed_tokens and backend.computes_tokens:
-                saved = backend.save_kv((rs.replica.tenant, rs.group), rs.replica.devices[0],
-                                        rs.engine.kv.block_table(req.id), req.num_computed_tokens, BLOCK_TOKENS)
-                if saved is not None:
-                    self.saved_kv[req.id] = saved
+        def keep_kv(req: Request) -> None:
+            if req.num_computed_tokens:
+                self._save_kv(rs, req)
 
         for req in rs.engine.hand_over(keep_kv):
             # real KV that could not be copied out (its device's worker died) is recomputed
@@ -165,6 +162,48 @@ class Loans:
             elif req.state is RequestState.RUNNING:  # admitted, nothing computed yet: queued again
                 req.state = RequestState.PREEMPTED if req.num_preemptions else RequestState.WAITING
             least_loaded(homes).engine.adopt(req, now)
+        self._send(rs, moving, now)
+
+    def hand_off(self, rs: ReplicaState, now: float) -> None:
+        """A prefill-only guest's requests whose first token is out go home with their KV cache
+        (disaggregated prefill), each to a home replica with room for it; one no home has room
+        for decodes on at the guest (a hand-off never recomputes)."""
+        homes = [h for h in self.drv.fleet.of(rs.replica.tenant) if not h.guest and not h.draining]
+        moving: dict[ReplicaState, list[Request]] = {}
+        booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)
+
+        def take(req: Request) -> bool:
+            room = [h for h in homes if h.engine.num_running + len(moving.get(h, ())) < h.engine.max_num_seqs
+                    and h.engine.kv.num_free * h.engine.kv.block_tokens - booked[h]
+                    >= req.num_computed_tokens + h.engine.kv.block_tokens]  # a block more for its next tokens
+            if not room:
+                return False
+            if not self._save_kv(rs, req):
+                return False
+            h = least_loaded(room)
+            booked[h] += req.num_computed_tokens
+            moving.setdefault(h, []).append(req)
+            return True
+
+        if homes and rs.engine.hand_over_decoding(take):
+            self.handed_off += sum(len(v) for v in moving.values())
+            self._send(rs, moving, now)
+
+    def _save_kv(self, rs: ReplicaState, req: Request) -> bool:
+        """A backend with real KV copies the request's out before its blocks go (kept in
+        `saved_kv` until it lands); False if it could not (its device's worker died)."""
+        if not self.drv.backend.computes_tokens:
+            return True
+        saved = self.drv.backend.save_kv((rs.replica.tenant, rs.group), rs.replica.devices[0],
+                                         rs.engine.kv.block_table(req.id), req.num_computed_tokens, BLOCK_TOKENS)
+        if saved is not None:
+            self.saved_kv[req.id] = saved
+        return saved is not None
+
+    def _send(self, rs: ReplicaState, moving: dict[ReplicaState, list[Request]], now: float) -> None:
+        """Copy running requests' KV caches from `rs` to their new replicas; they resume there
+        once it lands (`land_kv`)."""
+        m, backend = self.drv.models[rs.replica.tenant], self.drv.backend
         for h, reqs in moving.items():
             tokens = sum(r.num_computed_tokens for r in reqs)
             # each device holds 1/tp of the KV: the devices copy their shares side by side

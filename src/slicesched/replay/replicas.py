@@ -25,6 +25,7 @@ class ReplicaState:
     draining: bool = False
     move_to: str | None = None
     guest: bool = False  # serves overflow on other tenants' devices (SliceScheduler)
+    prefill_only: bool = False  # a guest serving prompts only: its requests decode at home
     lent: list[tuple["ReplicaState", int]] = field(default_factory=list)  # (owner, KV blocks borrowed)
     pipe: Pipeline | None = None  # the stages of a pipeline-parallel replica (pp > 1)
     stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage

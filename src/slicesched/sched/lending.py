@@ -311,7 +311,8 @@ class LendingMixin:
                 budget = min((chunk[d] for d in devs), default=None) if shared else None
                 full = self.chunk_tokens.get(r.tenant)
                 best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool),
-                                        budget if budget is not None and (full is None or budget < full) else None))
+                                        budget if budget is not None and (full is None or budget < full) else None,
+                                        prefill_only=shared and self.cfg.guest_prefill_only))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None
         return best[1]

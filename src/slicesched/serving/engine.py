@@ -321,6 +321,22 @@ class TenantEngine:
             self.kv.free(r.id)
         return running + self._give_up_waiting()
 
+    def hand_over_decoding(self, take: "Callable[[Request], bool]") -> list[Request]:
+        """Give up the running requests past their prompt, in no batch in flight, that `take`
+        accepts (called with their blocks still held, so it can copy their KV out): a replica
+        that serves prompts only sends each home to decode (`adopt_running` there). Returns them."""
+        out, keep = [], []
+        for r in self._running:
+            moved = not r.in_prefill and r.id not in self._busy and r.id not in self._stopping and take(r)
+            (out if moved else keep).append(r)
+        if out:
+            self._running = keep
+            for r in out:
+                self.kv.free(r.id)
+                del self._live[r.id]
+                self._plan.pop(r.id, None)
+        return out
+
     def adopt_running(self, req: Request, now: float) -> bool:
         """Take over a running request whose KV cache was moved here from another replica: its
         computed tokens need blocks here. False (nothing changed) when no seat or blocks are free."""
