@@ -37,7 +37,9 @@ def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
     assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n
 
 
-def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_its_ttft_is_lower():
+def _routed_guest(kv_bytes):
+    """A driver of TP_PAIR routing by predicted TTFT, a guest of `a` (`kv_bytes` of KV) started on
+    `b`'s devices, a long prompt queued at `a`'s home: (driver, home, guest)."""
     from slicesched.decisions import GuestStart
     from slicesched.replay.slo import isolated_slas
     from slicesched.serving import Request
@@ -48,9 +50,16 @@ def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_it
                        cost=cost, slas=isolated_slas(sc, cost))
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv.loans.start_guest(GuestStart("a", b_devs, 10e9), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, kv_bytes), 0.0)
+    home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)
+    return drv, home, guest
+
+
+def test_arrivals_go_to_an_overflow_replica_once_its_weights_are_resident_and_its_ttft_is_lower():
+    from slicesched.serving import Request
+
+    drv, home, guest = _routed_guest(10e9)
     assert guest is not None and guest.guest
-    home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)  # a long prompt queued at home
     assert drv._route(Request(200, "a", 0.0, 512, 8)) is home  # the guest's weights are still in flight
     drv.backend.run()  # the copies land (the default backend: the simulator)
     assert drv._route(Request(201, "a", 0.5, 512, 8)) is guest  # nothing queued there: the earlier first token
@@ -131,6 +140,17 @@ def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():
     decision = SchedulerDecision(drv.backend.now, tuple(place))
     drv.drop_inflight(guest)
     assert drv._live_placements(decision).placements == (place[1],)
+
+
+def test_an_arrival_whose_prompt_a_guests_smaller_pool_cannot_hold_goes_home():
+    """A guest's KV pool is what its lenders spare: a prompt beyond it would be refused there."""
+    from slicesched.serving import Request
+
+    drv, home, guest = _routed_guest(1024 * 524288 / 2)  # llama-2-7b: 512 KiB of KV a token, half per device
+    drv.backend.run()  # the weights land
+    assert guest.engine.max_model_len <= 1024
+    assert drv._route(Request(200, "a", 0.5, 512, 8)) is guest
+    assert drv._route(Request(201, "a", 0.5, 2000, 8)) is home
 
 
 def test_a_guest_serves_within_the_prefill_chunk_its_start_asked_for():

@@ -404,6 +404,20 @@ def test_on_spatially_shared_devices_a_busy_lender_hosts_an_overflow_replica_of_
     assert _slices_s(BatchShape.prefill(chunk)).max() <= bound < _slices_s(BatchShape.prefill(2 * chunk)).max()
 
 
+def test_a_prefill_only_overflow_replica_needs_kv_for_one_whole_context_not_a_quarter_of_its_homes_pool():
+    """It holds prompts only until each goes home: a lender with less KV to spare than a whole
+    guest would need still hosts it."""
+    big_pool = ReplicaLoad("hot", (0,), 6, 30, False, 0, False, 0.1, 200e9)  # a quarter: 55 GB, above what cold lends
+    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
+    whole = scheduler(guests=True, guest_prefill_only=False)
+    whole.attach(View(sim, [big_pool, COLD_BUSY]))
+    assert whole.schedule(g, sim.now).guest_starts == ()
+    s = scheduler(guests=True)
+    s.attach(View(sim, [big_pool, COLD_BUSY]))
+    (gs,) = s.schedule(g, sim.now).guest_starts
+    assert gs.prefill_only and gs.kv_bytes >= M.kv_bytes_per_token() * M.max_context
+
+
 def test_on_spatially_shared_devices_the_overflow_replica_stays_when_its_lender_queues_requests():
     g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
     s = scheduler(guests=True)

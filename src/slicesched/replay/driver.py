@@ -354,8 +354,7 @@ class ReplayDriver:
 
     def _route(self, req: Request) -> ReplicaState | None:
         """Send an arrival to the least-loaded active replica of its tenant."""
-        # a guest takes arrivals once its weights are resident (until then it would only queue them)
-        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining and (not rs.guest or self.loans.weights_resident(rs))]
+        reps = [rs for rs in self.replicas_of(req.tenant) if not rs.draining and (not rs.guest or self.loans.takes(rs, req))]
         # Beyond the model's context window (the trace's output length stands in for the client's
         # max_tokens; only this check sees it, never a scheduler): cut to fit or refused, per
         # `replay.over_context`. A prompt beyond the KV pool is always refused.

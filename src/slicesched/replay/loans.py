@@ -87,6 +87,11 @@ class Loans:
         self.guests_started += 1
         return rs
 
+    def takes(self, rs: ReplicaState, req: Request) -> bool:
+        """May guest `rs` take arrival `req`: its weights resident (until then it would only queue
+        it), and its KV pool, smaller than home's, room for the prompt (else it would refuse it)?"""
+        return req.prompt_tokens < rs.engine.max_model_len and self.weights_resident(rs)
+
     def weights_resident(self, rs: ReplicaState) -> bool:
         """Are all of the replica's weight blocks resident on its devices?"""
         return self.drv.gmg.weights_on(rs.replica.tenant, 0, 2 * self.drv.models[rs.replica.tenant].layers + 1,

@@ -292,9 +292,14 @@ class LendingMixin:
         # slices can stay short beside its owner's
         owner = {d: o for o in cands for d in o.devices
                  if (d in chunk if shared else idle[d] >= self.cfg.min_idle_share)}
-        blocks = block_weight_bytes(model_spec(self.models[r.tenant]), tp)
+        model = model_spec(self.models[r.tenant])
+        blocks = block_weight_bytes(model, tp)
         weights = float(blocks.sum())
         pool = _pool_bytes(r)
+        prefill_only = shared and self.cfg.guest_prefill_only
+        need = 0.25 * pool  # KV for a share of what home holds; prompts only until each goes home: one whole context
+        if prefill_only:
+            need = min(need, model.kv_bytes_per_token() / tp * (model.max_context or 32768))
         best = None
         for node in sorted({gmg.cluster.device_node[d] for d in owner}):
             devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken),
@@ -302,7 +307,7 @@ class LendingMixin:
             if len(devs) < tp:
                 continue
             kv = min(self._lendable(owner[d]) for d in devs) - weights
-            if kv < 0.25 * pool:
+            if kv < need:
                 continue
             key = (sum(fc.get(owner[d].tenant, 0.0) for d in devs), -kv)
             if best is None or key < best[0]:
@@ -312,7 +317,7 @@ class LendingMixin:
                 full = self.chunk_tokens.get(r.tenant)
                 best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool),
                                         budget if budget is not None and (full is None or budget < full) else None,
-                                        prefill_only=shared and self.cfg.guest_prefill_only))
+                                        prefill_only=prefill_only))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None
         return best[1]
