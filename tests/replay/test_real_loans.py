@@ -5,6 +5,7 @@ home with their KV), and every request's tokens equal eager greedy generation.""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from slicesched.config import load_scenario
 from slicesched.executor import DeviceConfig, Executor
 from real_helpers import eager_models, mismatches
+from slicesched.replay.loans import Loans
 from slicesched.replay.real import real_setup, serve
 
 LOANS = Path(__file__).resolve().parents[2] / "scenarios" / "loans_cpu.toml"  # 3 devices: hot, calm1, calm2
@@ -53,6 +55,27 @@ def test_loans_run_on_the_executor_and_every_token_is_eager(setup, eager):
     assert done["models_loaded"] >= 1 and done["kv_requests_moved_bytes"] > 0
     assert res.stats.scheduler_report["guest_stops"] >= 1
     assert _all_served(res) and mismatches(res.requests, eager) == []
+
+
+def test_a_prefill_only_guest_on_the_executor_sends_its_requests_home_to_decode_and_tokens_stay_eager(
+        setup, eager, monkeypatch):
+    """Disaggregated prefill on executor devices (SliceScheduler asks it on spatially shared
+    devices; here every overflow replica is made prefill-only): the KV a guest computed is copied
+    to the home device, where the request decodes on from it."""
+    start = Loans.start_guest
+    monkeypatch.setattr(Loans, "start_guest",
+                        lambda self, g, now: start(self, dataclasses.replace(g, prefill_only=True), now))
+    handed = [0]
+
+    def watch(drv):
+        handed[0] = drv.loans.handed_off
+
+    for _ in range(3):  # on a wall clock, a loaded machine shifts when the scheduler's rules fire
+        run = serve(setup, "slicesched", during=watch)
+        if handed[0]:
+            break
+    assert handed[0] >= 1 and run.loans["kv_requests_moved_bytes"] > 0
+    assert _all_served(run.result) and mismatches(run.result.requests, eager) == []
 
 
 def test_a_kv_mirror_without_room_sends_only_mlp_slices_to_the_lender(tmp_path, eager):
