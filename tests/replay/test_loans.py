@@ -2,6 +2,8 @@
 borrowed from the owners of a guest's devices, arrivals routed to a guest once it is loaded."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slicesched.cost import make_cost_model
 from slicesched.replay.driver import ReplayDriver
@@ -185,10 +187,10 @@ def test_on_devices_shared_spatially_an_owners_ttft_is_not_stretched_by_a_guest(
     assert drv.predicted_ttft_s(guest, Request(301, "a", 0.5, 1024, 8)) > 2 * slas["a"].ttft_plan(0.5, 1024)[1]
 
 
-def _prefill_guest(home_kv_blocks: int | None = None):
+def _prefill_guest(home_kv_blocks: int | None = None, shapes=((1000, 20),) * 3):
     """A driver of TP_PAIR with a prefill-only guest of `a` on `b`'s devices, its weights
-    resident, three requests queued on it; `home_kv_blocks`: fill `a`'s home pool to leave
-    that many blocks free."""
+    resident, a request of each (prompt, output) shape queued on it; `home_kv_blocks`: fill
+    `a`'s home pool to leave that many blocks free."""
     from slicesched.decisions import GuestStart
     from slicesched.serving import Request
 
@@ -201,7 +203,7 @@ def _prefill_guest(home_kv_blocks: int | None = None):
     drv.backend.run()  # the weights land
     if home_kv_blocks is not None:
         home.engine.kv.lend(home.engine.kv.num_free - home_kv_blocks)
-    reqs = [Request(100 + i, "a", 0.0, 1000, 20) for i in range(3)]
+    reqs = [Request(100 + i, "a", 0.0, p, o) for i, (p, o) in enumerate(shapes)]
     for r in reqs:
         guest.engine.add_request(r, 0.0)
     return drv, home, guest, reqs
@@ -223,3 +225,32 @@ def test_a_prefill_only_guest_decodes_a_request_itself_when_no_home_has_room_for
     drv.run()
     assert all(r.is_finished and r.num_generated == 20 and r.num_preemptions == 0 for r in reqs)
     assert drv.loans.handed_off == 0 and drv.loans.kv_bytes_moved == 0
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 40)), min_size=1, max_size=6),
+       st.one_of(st.none(), st.integers(0, 400)))
+def test_hand_offs_conserve_every_request_and_its_progress(shapes, home_kv_blocks):
+    """Whatever the prompts and the room at home: every request finishes once with all its
+    tokens, each hand-off moves exactly the KV its request had computed, and it lands where
+    there is room for it (never recomputed on landing)."""
+    drv, home, guest, reqs = _prefill_guest(home_kv_blocks, shapes)
+    landed, land = [], drv.loans.land_kv
+
+    def land_and_count(h, moved, now):
+        landed.extend((r.id, r.num_computed_tokens) for r in moved)
+        out = land(h, moved, now)
+        assert all(r.num_preemptions == 0 for r in moved)  # each one adopted running, its KV kept
+        return out
+
+    drv.loans.land_kv = land_and_count
+    drv.run()
+    assert all(r.is_finished and r.num_generated == r.output_tokens for r in reqs)
+    assert not guest.engine.has_work() and not home.engine.has_work()
+    assert len(landed) == len({i for i, _ in landed}) == drv.loans.handed_off
+    assert all(r.output_tokens > 1 for r in reqs if r.id in {i for i, _ in landed})  # one token: ends at the guest
+    moved = drv.loans.kv_bytes_moved / drv.models["a"].kv_bytes_per_token()
+    assert moved == pytest.approx(sum(n for _, n in landed))
+    if home_kv_blocks is None:  # room at home for everyone: every request that decodes goes there at once
+        assert drv.loans.handed_off == sum(o > 1 for _, o in shapes)
+        assert all(r.num_preemptions == 0 for r in reqs)

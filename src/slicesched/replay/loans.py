@@ -175,18 +175,18 @@ class Loans:
         for decodes on at the guest (a hand-off never recomputes)."""
         homes = [h for h in self.drv.fleet.of(rs.replica.tenant) if not h.guest and not h.draining]
         moving: dict[ReplicaState, list[Request]] = {}
-        booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)
+        booked: dict[ReplicaState, int] = dict.fromkeys(homes, 0)  # KV blocks promised to requests on their way
 
         def take(req: Request) -> bool:
+            need = {h: h.engine.kv.blocks_needed(req.num_computed_tokens) + 1 for h in homes}  # a block to grow into
             room = [h for h in homes if h.engine.num_running + len(moving.get(h, ())) < h.engine.max_num_seqs
-                    and h.engine.kv.num_free * h.engine.kv.block_tokens - booked[h]
-                    >= req.num_computed_tokens + h.engine.kv.block_tokens]  # a block more for its next tokens
+                    and h.engine.kv.num_free - booked[h] >= need[h]]
             if not room:
                 return False
             if not self._save_kv(rs, req):
                 return False
             h = least_loaded(room)
-            booked[h] += req.num_computed_tokens
+            booked[h] += need[h]
             moving.setdefault(h, []).append(req)
             return True
 
