@@ -20,6 +20,9 @@ from slicesched.replay.real import real_setup, serve
 
 LOANS = Path(__file__).resolve().parents[2] / "scenarios" / "loans_cpu.toml"  # 3 devices: hot, calm1, calm2
 MIB = 2**20
+# served on a wall clock, three device threads a run: two of this module's runs at once on the two
+# test workers would halve each one's cores and shift when the scheduler's rules fire
+pytestmark = pytest.mark.xdist_group("real-loans")
 
 
 @pytest.fixture(scope="module")
