@@ -394,7 +394,7 @@ class ReplayDriver:
         return self.fleet.guests_live
 
     def admit(self, target: ReplicaState, req: Request) -> ReplicaState | None:
-        if req.prompt_tokens >= target.engine.max_model_len:
+        if not target.engine.takes_prompt(req.prompt_tokens):
             return self._reject(req)
         target.engine.add_request(req, req.arrival_s)
         return target

@@ -90,7 +90,7 @@ class Loans:
     def takes(self, rs: ReplicaState, req: Request) -> bool:
         """May guest `rs` take arrival `req`: its weights resident (until then it would only queue
         it), and its KV pool, smaller than home's, room for the prompt (else it would refuse it)?"""
-        return req.prompt_tokens < rs.engine.max_model_len and self.weights_resident(rs)
+        return rs.engine.takes_prompt(req.prompt_tokens) and self.weights_resident(rs)
 
     def weights_resident(self, rs: ReplicaState) -> bool:
         """Are all of the replica's weight blocks resident on its devices?"""

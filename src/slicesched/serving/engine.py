@@ -165,6 +165,11 @@ class TenantEngine:
         self._live[req.id] = req
         self._waiting.append(req)
 
+    def takes_prompt(self, prompt_tokens: int) -> bool:
+        """Can a prompt this long be served here: shorter than `max_model_len`, leaving room
+        for at least one output token? (The driver refuses an arrival that is not.)"""
+        return prompt_tokens < self.max_model_len
+
     def has_work(self) -> bool:
         """True while some request is waiting or running (in flight or not)."""
         return bool(self._waiting) or bool(self._running)
