@@ -39,8 +39,9 @@ summed over rounds): `wide_iterations` (whole, MLP-only and mixed), `whole_itera
 `weight_bytes_moved`, `kv_bytes_moved` (mirror syncs, KV copied home, requests moved home).
 
 `--ray`: each device's models in a Ray actor process of its own (a local cluster,
-`executor/remote.py`), the prediction deciding as that backend allows (no staged shards); the
-calibration is the in-process one.
+`executor/remote.py`), calibrated through the same workers; the prediction decides as that
+backend allows (no staged shards, no wide steps: a step runs on its home worker alone).
+`load_avg_1m_before` is the machine's load before the benchmark's own work, `load_avg_1m` after.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def main() -> None:
     ap.add_argument("--calibration-repeats", type=int, default=10, help="repeats of each calibration step")
     ap.add_argument("--ray", action="store_true", help="serve on Ray device workers (a local cluster)")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
                        torch_device=args.device, scaled=args.scaled or args.device == "cpu",
                        **({} if args.device == "cpu" or args.scaled else {"device_memory_bytes": 20e9}))
@@ -173,6 +175,7 @@ def main() -> None:
     print(f"device: {args.device}{' (scaled float32 models)' if args.scaled else ''}")
     print(f"device_workers: {'ray actors' if args.ray else 'threads of this process'}")
     print(f"rounds: {args.rounds}")
+    print(f"load_avg_1m_before: {load_before:.2f} processes")
     print(f"load_avg_1m: {os.getloadavg()[0]:.2f} processes")
     out = {}
     for k, v in sorted(figs.items()):

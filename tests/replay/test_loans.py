@@ -39,7 +39,7 @@ def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
     assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n
 
 
-def _routed_guest(kv_bytes):
+def _routed_guest(kv_bytes, prefill_only=False):
     """A driver of TP_PAIR routing by predicted TTFT, a guest of `a` (`kv_bytes` of KV) started on
     `b`'s devices, a long prompt queued at `a`'s home: (driver, home, guest)."""
     from slicesched.decisions import GuestStart
@@ -52,7 +52,7 @@ def _routed_guest(kv_bytes):
                        cost=cost, slas=isolated_slas(sc, cost))
     home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
-    guest = drv.loans.start_guest(GuestStart("a", b_devs, kv_bytes), 0.0)
+    guest = drv.loans.start_guest(GuestStart("a", b_devs, kv_bytes, prefill_only=prefill_only), 0.0)
     home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)
     return drv, home, guest
 
@@ -119,6 +119,40 @@ def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the
     assert drv._route(arrival) is home
     owner.engine.take_waiting(1)  # the owner idle again
     assert drv._route(Request(301, "a", 0.6, 1024, 8)) is guest
+
+
+def test_a_replicas_prefill_pace_is_its_batches_seconds_over_the_isolated_prefill_they_computed():
+    from slicesched.replay.slo import isolated_slas
+
+    sc = scenario(TP_PAIR)
+    cost = make_cost_model()
+    slas = isolated_slas(sc, cost)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [0.0], [300], [8], ["a"]),
+                       cost=cost, slas=slas)
+    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    assert home.prefill_slowdown is None  # nothing observed yet
+    drv.run()  # one prompt, prefilled in one batch from its arrival at 0, then decoded
+    req = drv.requests[0]
+    isolated = float(slas["a"].ttft_for([300])[0]) / slas["a"].scale
+    assert req.num_generated == 8 and home.prefill_slowdown == pytest.approx(req.ttft_s / isolated)
+
+
+@pytest.mark.parametrize("prefill_only", [True, False])
+def test_a_home_whose_prefill_runs_slower_than_isolated_loses_arrivals_only_to_prefill_only_guests(prefill_only):
+    """With a prefill-only guest live, home decodes every request the guest prefilled: its queue
+    is priced at its observed prefill pace, and an empty home three times slower than isolated
+    loses to a guest with a short queue, which it beats at isolated pace. Beside a whole guest
+    (its requests decode where they were prefilled) home keeps its isolated pace."""
+    from slicesched.serving import Request
+
+    drv, home, guest = _routed_guest(10e9, prefill_only)
+    drv.backend.run()  # the guest's weights land
+    home.engine.take_waiting(1)  # home empty
+    guest.engine.add_request(Request(101, "a", 0.0, 128, 8), 0.0)  # a short queue at the guest
+    arrival = Request(300, "a", 0.5, 1024, 8)
+    assert drv.predicted_ttft_s(home, arrival) < drv.predicted_ttft_s(guest, arrival)  # at isolated pace
+    home.observe_prefill(3.0, 1.0)
+    assert drv._route(arrival) is (guest if prefill_only else home)
 
 
 def test_placements_of_iterations_a_stop_dropped_are_left_out_of_the_decision():

@@ -147,6 +147,7 @@ class ReplayDriver:
         # where engines cache prefixes, arrivals go where their prefix is cached when that pays
         self.routing = CacheAffinity(scheduler.routing) if sc.replay.prefix_caching else scheduler.routing
         self.inflight: dict[int, tuple[ReplicaState, Batch]] = {}
+        self._launched: dict[int, float] = {}  # inflight iteration -> when it was launched
         self.events = EventQueue([r.arrival_s for r in self.requests])  # arrivals and timers
         self.ooms: list[OOMEvent] = []
         self._kv_ooms: list[OOMEvent] = []  # OOMs of KV charges since the last outcome (handled at once)
@@ -387,7 +388,15 @@ class ReplayDriver:
         devs, shared = set(rs.replica.devices), self.guests_live and (rs.guest or not self.backend.shares_devices)
         sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
                       and o.engine.has_work() and not devs.isdisjoint(o.replica.devices)) if shared else 0
-        return (queued_prefill_s(rs.engine, self.slas.get(req.tenant)) + own) * (1 + sharing)
+        factor = float(1 + sharing)
+        if rs.prefill_slowdown is not None and self.guests_live and self._hands_off(rs.replica.tenant):
+            # its guests' requests decode here, slowing its prefill beyond what isolated times see
+            factor = max(factor, rs.prefill_slowdown)
+        return (queued_prefill_s(rs.engine, self.slas.get(req.tenant)) + own) * factor
+
+    def _hands_off(self, tenant: str) -> bool:
+        """Does the tenant have a prefill-only guest live (its requests sent home to decode)?"""
+        return any(o.prefill_only for o in self.replicas_of(tenant))
 
     @property
     def guests_live(self) -> bool:
@@ -427,6 +436,7 @@ class ReplayDriver:
             inputs = self._inputs(rs, batch) if self.backend.computes_tokens else None
             h = self.backend.add_iteration(graph, home=rs.group, inputs=inputs)
             self.inflight[h.key] = (rs, batch)
+            self._launched[h.key] = now
         self.iterations += 1
         self.charge_kv(rs, now)
 
@@ -480,6 +490,7 @@ class ReplayDriver:
         if not synced and self.loans.leases and self.loans.sync_first(key, t):
             return self.inflight[key][0]  # done once its KV shard is copied home (and the mirror caught up)
         rs, batch = self.inflight.pop(key)
+        self._observe(rs, batch, self._launched.pop(key, t), t)
         rs.engine.on_batch_done(batch, t, tokens)
         if rs.prefill_only:  # its requests past their prompt go home to decode
             self.loans.hand_off(rs, t)
@@ -489,6 +500,21 @@ class ReplayDriver:
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
             (self.loans.release_guest if rs.guest else self.moves.finish_drain)(rs, t)
         return rs
+
+    def _observe(self, rs: ReplicaState, batch: Batch, launched: float, t: float) -> None:
+        """The replica's observed prefill pace (`ReplicaState.prefill_slowdown`): the batch's
+        seconds, from its launch or the replica's last completion, over the isolated seconds of
+        the prompt tokens it computed (where the tenant's TTFT SLO follows isolated latency)."""
+        start, rs.last_done = max(launched, rs.last_done), t
+        sla = self.slas.get(rs.replica.tenant)
+        if not batch.num_prefill_tokens or sla is None or not sla.scale_ttft:
+            return
+        held = [(r, n) for rid, n, p in zip(batch.req_ids, batch.num_new_tokens, batch.is_prefill)
+                if p and (r := rs.engine.live_request(rid)) is not None]
+        if held:
+            prompts = np.array([r.prompt_tokens for r, _ in held])
+            tokens = np.array([n for _, n in held])
+            rs.observe_prefill(t - start, float(np.sum(sla.ttft_for(prompts) / sla.scale * tokens / prompts)))
 
     def charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:
         """Bring the KV bytes charged to `devices` from `charged` to `target`; False after an
@@ -562,6 +588,7 @@ class ReplayDriver:
         for key in [k for k, (r, _) in self.inflight.items() if r is rs]:
             self._dropped = True
             del self.inflight[key]
+            self._launched.pop(key, None)
             if self._lane is not None:  # its slices that ended count; the lane forgets the rest
                 self.attribution.attribute_key(key, finished=False)
                 self.backend.abort_iteration(key)

@@ -11,6 +11,7 @@ from slicesched.replay.pipeline import Pipeline
 from slicesched.serving import TenantEngine
 
 BLOCK_TOKENS = 16  # tokens per KV block of every replica's pool
+PREFILL_DECAY = 0.8  # weight of a replica's older prefill batches in its observed slowdown
 
 
 @dataclass(slots=True, eq=False)
@@ -31,6 +32,10 @@ class ReplicaState:
     stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage
     stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
     oom_at: float = -math.inf  # when an OOM last preempted it: no new batch until memory can change
+    last_done: float = -math.inf  # when its last batch completed
+    # decayed sums over its recent prefill batches: seconds taken, isolated prefill seconds computed
+    prefill_taken: float = 0.0
+    prefill_isolated: float = 0.0
 
     # The replica's own state changes only through these (the fleet and the driver call them).
     def book_kv(self, nbytes: float) -> None:
@@ -50,6 +55,17 @@ class ReplicaState:
     def preempted_by_oom(self, t: float) -> None:
         """An OOM at `t` preempted its requests: no new batch until memory can change."""
         self.oom_at = t
+
+    def observe_prefill(self, taken_s: float, isolated_s: float) -> None:
+        """A batch computed `isolated_s` of isolated prefill in `taken_s` seconds here."""
+        self.prefill_taken = PREFILL_DECAY * self.prefill_taken + taken_s
+        self.prefill_isolated = PREFILL_DECAY * self.prefill_isolated + isolated_s
+
+    @property
+    def prefill_slowdown(self) -> float | None:
+        """How much slower than isolated its recent prefill ran (decodes beside it, devices
+        shared); None before any."""
+        return self.prefill_taken / self.prefill_isolated if self.prefill_isolated > 0 else None
 
     @property
     def load(self) -> int:

@@ -170,6 +170,10 @@ class TenantEngine:
         for at least one output token? (The driver refuses an arrival that is not.)"""
         return prompt_tokens < self.max_model_len
 
+    def live_request(self, rid: int) -> Request | None:
+        """The request `rid` this engine holds (waiting, running or in a batch in flight), if any."""
+        return self._live.get(rid)
+
     def has_work(self) -> bool:
         """True while some request is waiting or running (in flight or not)."""
         return bool(self._waiting) or bool(self._running)
