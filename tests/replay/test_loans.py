@@ -96,19 +96,24 @@ def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv()
     assert all(r.num_preemptions == 0 for r in reqs)
 
 
-def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the_devices():
-    """A guest sharing its devices with their busy owner runs at half speed: a short queue at
-    home beats its empty one; once the owner is idle, the guest wins."""
-    from slicesched.decisions import GuestStart
+def _driver_with_slas(trace):
+    """A driver of TP_PAIR over `trace` judged by the isolated SLAs: (driver, SLAs, `a`'s home)."""
     from slicesched.replay.slo import isolated_slas
-    from slicesched.serving import Request
 
     sc = scenario(TP_PAIR)
     cost = make_cost_model()
     slas = isolated_slas(sc, cost)
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
-                       cost=cost, slas=slas)
-    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=slas)
+    return drv, slas, next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+
+
+def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the_devices():
+    """A guest sharing its devices with their busy owner runs at half speed: a short queue at
+    home beats its empty one; once the owner is idle, the guest wins."""
+    from slicesched.decisions import GuestStart
+    from slicesched.serving import Request
+
+    drv, slas, home = _driver_with_slas(Trace.from_columns("t", [9.0], [10], [2], ["a"]))
     owner = next(rs for rs in drv.replicas if rs.replica.tenant == "b")
     guest = drv.loans.start_guest(GuestStart("a", owner.replica.devices, 10e9), 0.0)
     drv.backend.run()  # the guest's weights land
@@ -122,14 +127,7 @@ def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the
 
 
 def test_a_replicas_prefill_pace_is_its_batches_seconds_over_the_isolated_prefill_they_computed():
-    from slicesched.replay.slo import isolated_slas
-
-    sc = scenario(TP_PAIR)
-    cost = make_cost_model()
-    slas = isolated_slas(sc, cost)
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [0.0], [300], [8], ["a"]),
-                       cost=cost, slas=slas)
-    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    drv, slas, home = _driver_with_slas(Trace.from_columns("t", [0.0], [300], [8], ["a"]))
     assert home.prefill_slowdown is None  # nothing observed yet
     drv.run()  # one prompt, prefilled in one batch from its arrival at 0, then decoded
     req = drv.requests[0]
