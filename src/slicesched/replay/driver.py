@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -38,6 +37,7 @@ from slicesched.replay.faults import Faults
 from slicesched.replay.moves import Moves
 from slicesched.replay.pipeline import MicroBatch, Pipeline
 from slicesched.replay.replicas import BLOCK_TOKENS, ReplicaState
+from slicesched.replay.result import RunResult, RunStats
 from slicesched.replay.workload import annotate, prompt_ids
 from slicesched.decisions import OOMEvent, ReplicaLoad, SchedulerDecision, ShardLease, StepInputs, WeightEviction
 from slicesched.sched.interface import Backend, Scheduler, WhatIf
@@ -51,39 +51,6 @@ from slicesched.traces import Trace
 
 VIOLATION_CHECK_S = 0.5  # simulated seconds between checks of `stop_after_violations`
 _GRAINS = {"op": Grain.OP, "block": Grain.BLOCK, "layer": Grain.LAYER}
-
-
-@dataclass(frozen=True, slots=True)
-class RunStats:
-    wall_s: float
-    iterations: int
-    op_events: int
-    ooms: int
-    container_moves: int
-    rejected: int
-    guests: int
-    over_context: int = 0  # prompt + output beyond the model's context window (cut or, in `rejected`, refused)
-    stopped_early: bool = False  # ended at `stop_after_violations`, not when every request had finished
-    scheduler_report: dict = field(default_factory=dict)  # `Scheduler.run_report()`, shard/KV bytes moved, faults
-
-
-@dataclass(slots=True)
-class RunResult:
-    """Everything a report needs from one replay of one scheduler at one rate scale."""
-
-    scheduler: str
-    rate_scale: float
-    requests: list[Request]
-    makespan_s: float  # end of the run: the last completion (drain included) or the horizon
-    slas: dict[str, SLA]
-    busy: dict[int, np.ndarray]  # device -> (n, 2) busy intervals
-    num_devices: int
-    stats: RunStats
-    ooms: list[OOMEvent] = field(default_factory=list)
-    timeline: dict | None = None  # Perfetto trace, when recorded
-    tenant_busy: dict[int, dict[str, float]] = field(default_factory=dict)  # device -> tenant -> compute s
-    home: dict[int, str] = field(default_factory=dict)  # device -> tenant of its scenario container
-    window_s: float = 0.0  # the arrival window: throughputs divide by it
 
 
 class ReplayDriver:
@@ -383,20 +350,16 @@ class ReplayDriver:
     def predicted_ttft_s(self, rs: ReplicaState, req: Request, own: float | None = None) -> float:
         """The arrival's TTFT at `rs` from isolated prefill times alone: the prefill queued there
         and its own (`own`, `alone_prefill_s`), stretched by other tenants' replicas with work on
-        its devices (guests take turns with owners; owners of spatially shared devices go first)."""
+        its devices (guests take turns with owners; owners of spatially shared devices go first)
+        or, while its tenant has a prefill-only guest, by at least its observed prefill pace."""
         own = self.alone_prefill_s(req) if own is None else own
         devs, shared = set(rs.replica.devices), self.guests_live and (rs.guest or not self.backend.shares_devices)
         sharing = sum(1 for o in self.replicas if o is not rs and o.replica.tenant != rs.replica.tenant
                       and o.engine.has_work() and not devs.isdisjoint(o.replica.devices)) if shared else 0
-        factor = float(1 + sharing)
-        if rs.prefill_slowdown is not None and self.guests_live and self._hands_off(rs.replica.tenant):
-            # its guests' requests decode here, slowing its prefill beyond what isolated times see
-            factor = max(factor, rs.prefill_slowdown)
-        return (queued_prefill_s(rs.engine, self.slas.get(req.tenant)) + own) * factor
-
-    def _hands_off(self, tenant: str) -> bool:
-        """Does the tenant have a prefill-only guest live (its requests sent home to decode)?"""
-        return any(o.prefill_only for o in self.replicas_of(tenant))
+        pace = rs.prefill_slowdown if self.guests_live else None  # guests' requests decoding here slow it
+        if pace is not None and any(o.prefill_only for o in self.replicas_of(rs.replica.tenant)):
+            sharing = max(sharing, pace - 1)
+        return (queued_prefill_s(rs.engine, self.slas.get(req.tenant)) + own) * (1 + sharing)
 
     @property
     def guests_live(self) -> bool:
@@ -490,7 +453,7 @@ class ReplayDriver:
         if not synced and self.loans.leases and self.loans.sync_first(key, t):
             return self.inflight[key][0]  # done once its KV shard is copied home (and the mirror caught up)
         rs, batch = self.inflight.pop(key)
-        self._observe(rs, batch, self._launched.pop(key, t), t)
+        rs.observe_batch(batch, self._launched.pop(key, t), t, self.slas.get(rs.replica.tenant))
         rs.engine.on_batch_done(batch, t, tokens)
         if rs.prefill_only:  # its requests past their prompt go home to decode
             self.loans.hand_off(rs, t)
@@ -500,21 +463,6 @@ class ReplayDriver:
         if rs.draining and not rs.engine.has_work() and rs.engine.num_inflight == 0:
             (self.loans.release_guest if rs.guest else self.moves.finish_drain)(rs, t)
         return rs
-
-    def _observe(self, rs: ReplicaState, batch: Batch, launched: float, t: float) -> None:
-        """The replica's observed prefill pace (`ReplicaState.prefill_slowdown`): the batch's
-        seconds, from its launch or the replica's last completion, over the isolated seconds of
-        the prompt tokens it computed (where the tenant's TTFT SLO follows isolated latency)."""
-        start, rs.last_done = max(launched, rs.last_done), t
-        sla = self.slas.get(rs.replica.tenant)
-        if not batch.num_prefill_tokens or sla is None or not sla.scale_ttft:
-            return
-        held = [(r, n) for rid, n, p in zip(batch.req_ids, batch.num_new_tokens, batch.is_prefill)
-                if p and (r := rs.engine.live_request(rid)) is not None]
-        if held:
-            prompts = np.array([r.prompt_tokens for r, _ in held])
-            tokens = np.array([n for _, n in held])
-            rs.observe_prefill(t - start, float(np.sum(sla.ttft_for(prompts) / sla.scale * tokens / prompts)))
 
     def charge(self, devices: tuple[int, ...], tenant: str, charged: float, target: float) -> bool:
         """Bring the KV bytes charged to `devices` from `charged` to `target`; False after an

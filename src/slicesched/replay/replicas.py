@@ -6,9 +6,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from slicesched.replay.deployment import Replica
 from slicesched.replay.pipeline import Pipeline
-from slicesched.serving import TenantEngine
+from slicesched.serving import SLA, Batch, TenantEngine
 
 BLOCK_TOKENS = 16  # tokens per KV block of every replica's pool
 PREFILL_DECAY = 0.8  # weight of a replica's older prefill batches in its observed slowdown
@@ -55,6 +57,19 @@ class ReplicaState:
     def preempted_by_oom(self, t: float) -> None:
         """An OOM at `t` preempted its requests: no new batch until memory can change."""
         self.oom_at = t
+
+    def observe_batch(self, batch: Batch, launched: float, t: float, sla: SLA | None) -> None:
+        """A batch launched at `launched` completed at `t`: its seconds here (from its launch or
+        the previous completion, whichever is later) over the isolated seconds of the prompt
+        tokens it computed join its prefill pace (where the SLA's TTFT follows isolated latency)."""
+        taken, self.last_done = t - max(launched, self.last_done), t
+        if not batch.num_prefill_tokens or sla is None or not sla.scale_ttft:
+            return
+        held = [(r, n) for rid, n, p in zip(batch.req_ids, batch.num_new_tokens, batch.is_prefill)
+                if p and (r := self.engine.live_request(rid)) is not None]
+        if held:
+            prompts, tokens = np.array([r.prompt_tokens for r, _ in held]), np.array([n for _, n in held])
+            self.observe_prefill(taken, float(np.sum(sla.ttft_for(prompts) / sla.scale * tokens / prompts)))
 
     def observe_prefill(self, taken_s: float, isolated_s: float) -> None:
         """A batch computed `isolated_s` of isolated prefill in `taken_s` seconds here."""
