@@ -145,11 +145,16 @@ def test_a_home_whose_prefill_runs_slower_than_isolated_loses_arrivals_only_to_p
 
     drv, home, guest = _routed_guest(10e9, prefill_only)
     drv.backend.run()  # the guest's weights land
-    home.engine.take_waiting(1)  # home empty
+    home.engine.take_waiting(1)  # home empty but for one request it prefills, then decodes
+    home.engine.add_request(Request(102, "a", 0.0, 64, 8), 0.0)
+    batch = home.engine.next_batch(0.0)
+    home.engine.on_batch_done(batch, 0.01)
     guest.engine.add_request(Request(101, "a", 0.0, 128, 8), 0.0)  # a short queue at the guest
     arrival = Request(300, "a", 0.5, 1024, 8)
     assert drv.predicted_ttft_s(home, arrival) < drv.predicted_ttft_s(guest, arrival)  # at isolated pace
-    home.observe_prefill(3.0, 1.0)
+    sla = drv.slas["a"]
+    home.observe_prefill(batch, 3 * float(sla.isolated.ttft([64])[0]), sla)  # its prefill took 3x isolated
+    assert home.prefill_slowdown == pytest.approx(3.0)
     assert drv._route(arrival) is (guest if prefill_only else home)
 
 

@@ -54,6 +54,18 @@ def test_isolated_latency_is_the_prompts_own_chunked_prefill_and_one_decode():
     assert lat.tpot(np.array([5000]))[0] == pytest.approx(secs(1, 5000), rel=1e-12)
 
 
+def test_one_prompt_is_priced_as_among_others_and_keeps_its_shape():
+    """A single prompt (an arrival routed, a prefill step observed) takes a shortcut past the
+    batch path's sort: same seconds, same shape, whichever path priced the length first."""
+    m, dev, link = model_spec("qwen2.5-1.5b"), DEVICES["H100-80GB"], LINKS["local"]
+    batch_first, one_first = (ContainerLatency(m, 1, 2048, make_cost_model(), dev, link) for _ in range(2))
+    among = batch_first.ttft(np.array([700, 5000, 700]))
+    alone = [one_first.ttft([5000]), one_first.ttft(np.array([[700]])), one_first.ttft(np.array(700))]
+    assert [a.shape for a in alone] == [(1,), (1, 1), ()]
+    assert [float(a.reshape(-1)[0]) for a in alone] == [among[1], among[0], among[0]]
+    assert batch_first.ttft([5000])[0] == among[1] and one_first.ttft(np.array([700, 5000]))[1] == among[1]
+
+
 def test_slos_grow_with_the_prompt_beyond_any_grid(sc):
     sla = isolated_slas(sc, make_cost_model())["a"]
     ttft = sla.ttft_for(np.array([1000, 30000, 31000]))

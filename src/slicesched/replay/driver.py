@@ -453,7 +453,9 @@ class ReplayDriver:
         if not synced and self.loans.leases and self.loans.sync_first(key, t):
             return self.inflight[key][0]  # done once its KV shard is copied home (and the mirror caught up)
         rs, batch = self.inflight.pop(key)
-        rs.observe_batch(batch, self._launched.pop(key, t), t, self.slas.get(rs.replica.tenant))
+        launched = self._launched.pop(key, None)  # (pipeline stages are not timed here)
+        if launched is not None and batch.num_prefill_tokens:
+            rs.observe_prefill(batch, t - launched, self.slas.get(rs.replica.tenant))
         rs.engine.on_batch_done(batch, t, tokens)
         if rs.prefill_only:  # its requests past their prompt go home to decode
             self.loans.hand_off(rs, t)

@@ -6,8 +6,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from slicesched.replay.deployment import Replica
 from slicesched.replay.pipeline import Pipeline
 from slicesched.serving import SLA, Batch, TenantEngine
@@ -34,7 +32,6 @@ class ReplicaState:
     stage_kv: tuple[float, ...] = ()  # pp > 1: KV bytes per token per device of each stage
     stage_charged: list[float] = field(default_factory=list)  # pp > 1: KV bytes charged to each stage
     oom_at: float = -math.inf  # when an OOM last preempted it: no new batch until memory can change
-    last_done: float = -math.inf  # when its last batch completed
     # decayed sums over its recent prefill batches: seconds taken, isolated prefill seconds computed
     prefill_taken: float = 0.0
     prefill_isolated: float = 0.0
@@ -58,23 +55,19 @@ class ReplicaState:
         """An OOM at `t` preempted its requests: no new batch until memory can change."""
         self.oom_at = t
 
-    def observe_batch(self, batch: Batch, launched: float, t: float, sla: SLA | None) -> None:
-        """A batch launched at `launched` completed at `t`: its seconds here (from its launch or
-        the previous completion, whichever is later) over the isolated seconds of the prompt
-        tokens it computed join its prefill pace (where the SLA's TTFT follows isolated latency)."""
-        taken, self.last_done = t - max(launched, self.last_done), t
-        if not batch.num_prefill_tokens or sla is None or not sla.scale_ttft:
+    def observe_prefill(self, batch: Batch, taken_s: float, sla: SLA | None) -> None:
+        """A batch carrying prefill took `taken_s` here (one batch at a time: its launch to its
+        end): it joins the replica's prefill pace with the isolated seconds of the prompt tokens
+        it computed (where the SLA's TTFT follows isolated latency)."""
+        if sla is None or not sla.scale_ttft or sla.isolated is None:
             return
         held = [(r, n) for rid, n, p in zip(batch.req_ids, batch.num_new_tokens, batch.is_prefill)
                 if p and (r := self.engine.live_request(rid)) is not None]
-        if held:
-            prompts, tokens = np.array([r.prompt_tokens for r, _ in held]), np.array([n for _, n in held])
-            self.observe_prefill(taken, float(np.sum(sla.ttft_for(prompts) / sla.scale * tokens / prompts)))
-
-    def observe_prefill(self, taken_s: float, isolated_s: float) -> None:
-        """A batch computed `isolated_s` of isolated prefill in `taken_s` seconds here."""
-        self.prefill_taken = PREFILL_DECAY * self.prefill_taken + taken_s
-        self.prefill_isolated = PREFILL_DECAY * self.prefill_isolated + isolated_s
+        if held:  # (one isolated lookup for the batch: this runs at every prefill step)
+            alone = sla.isolated.ttft([r.prompt_tokens for r, _ in held]).tolist()
+            isolated = sum(a * n / r.prompt_tokens for a, (r, n) in zip(alone, held))
+            self.prefill_taken = PREFILL_DECAY * self.prefill_taken + taken_s
+            self.prefill_isolated = PREFILL_DECAY * self.prefill_isolated + isolated
 
     @property
     def prefill_slowdown(self) -> float | None:

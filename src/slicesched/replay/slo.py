@@ -46,6 +46,10 @@ class ContainerLatency:
 
     def _lookup(self, prompt_tokens: np.ndarray, memo: dict[int, float], compute) -> np.ndarray:
         p = np.maximum(np.asarray(prompt_tokens, dtype=np.int64), 1)
+        if p.size == 1:  # one request (an arrival routed, a prefill step observed): no sort
+            n = int(p.flat[0])
+            v = memo.get(n)
+            return np.full(p.shape, memo.setdefault(n, compute(n)) if v is None else v)
         uniq, inv = np.unique(p, return_inverse=True)
         vals = np.array([memo[n] if n in memo else memo.setdefault(n, compute(n)) for n in uniq.tolist()])
         return vals[inv].reshape(p.shape) if p.size else np.empty(0)
