@@ -1,4 +1,4 @@
-"""A serving replica as the replay driver keeps it: its engine, device group and charged KV."""
+"""A serving replica as the replay driver keeps it: its engine, device group, charged KV and prefill pace."""
 
 from __future__ import annotations
 
