@@ -39,18 +39,24 @@ def test_memory_for_a_guest_is_borrowed_once_from_a_tensor_parallel_owner():
     assert owner.replica.tenant == "b" and owner.engine.kv.num_free == free - n
 
 
+def _driver_with_slas(trace):
+    """A driver of TP_PAIR over `trace` judged by the isolated SLAs: (driver, SLAs, `a`'s home)."""
+    from slicesched.replay.slo import isolated_slas
+
+    sc = scenario(TP_PAIR)
+    cost = make_cost_model()
+    slas = isolated_slas(sc, cost)
+    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=slas)
+    return drv, slas, next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+
+
 def _routed_guest(kv_bytes, prefill_only=False):
     """A driver of TP_PAIR routing by predicted TTFT, a guest of `a` (`kv_bytes` of KV) started on
     `b`'s devices, a long prompt queued at `a`'s home: (driver, home, guest)."""
     from slicesched.decisions import GuestStart
-    from slicesched.replay.slo import isolated_slas
     from slicesched.serving import Request
 
-    sc = scenario(TP_PAIR)
-    cost = make_cost_model()
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), Trace.from_columns("t", [9.0], [10], [2], ["a"]),
-                       cost=cost, slas=isolated_slas(sc, cost))
-    home = next(rs for rs in drv.replicas if rs.replica.tenant == "a")
+    drv, _, home = _driver_with_slas(Trace.from_columns("t", [9.0], [10], [2], ["a"]))
     b_devs = next(rs.replica.devices for rs in drv.replicas if rs.replica.tenant == "b")
     guest = drv.loans.start_guest(GuestStart("a", b_devs, kv_bytes, prefill_only=prefill_only), 0.0)
     home.engine.add_request(Request(100, "a", 0.0, 3000, 8), 0.0)
@@ -94,17 +100,6 @@ def test_a_guest_stopped_at_once_sends_its_running_requests_home_with_their_kv()
     drv.loans.land_kv(dst, moved, t)
     assert home.engine.num_running == 2 and [r.num_computed_tokens for r in reqs] == [1000, 1000]
     assert all(r.num_preemptions == 0 for r in reqs)
-
-
-def _driver_with_slas(trace):
-    """A driver of TP_PAIR over `trace` judged by the isolated SLAs: (driver, SLAs, `a`'s home)."""
-    from slicesched.replay.slo import isolated_slas
-
-    sc = scenario(TP_PAIR)
-    cost = make_cost_model()
-    slas = isolated_slas(sc, cost)
-    drv = ReplayDriver(sc, make_scheduler("slicesched", sc), trace, cost=cost, slas=slas)
-    return drv, slas, next(rs for rs in drv.replicas if rs.replica.tenant == "a")
 
 
 def test_an_arrival_is_routed_by_ttft_stretched_by_the_other_tenants_work_on_the_devices():

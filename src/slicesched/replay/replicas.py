@@ -6,8 +6,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from slicesched.replay.deployment import Replica
 from slicesched.replay.pipeline import Pipeline
+from slicesched.sched.policies import isolated_prefill_s
 from slicesched.serving import SLA, Batch, TenantEngine
 
 BLOCK_TOKENS = 16  # tokens per KV block of every replica's pool
@@ -59,15 +62,14 @@ class ReplicaState:
         """A batch carrying prefill took `taken_s` here (one batch at a time: its launch to its
         end): it joins the replica's prefill pace with the isolated seconds of the prompt tokens
         it computed (where the SLA's TTFT follows isolated latency)."""
-        if sla is None or not sla.scale_ttft or sla.isolated is None:
+        if sla is None or not sla.scale_ttft:
             return
-        held = [(r, n) for rid, n, p in zip(batch.req_ids, batch.num_new_tokens, batch.is_prefill)
+        held = [(r.prompt_tokens, n) for rid, n, p in zip(batch.req_ids, batch.num_new_tokens, batch.is_prefill)
                 if p and (r := self.engine.live_request(rid)) is not None]
-        if held:  # (one isolated lookup for the batch: this runs at every prefill step)
-            alone = sla.isolated.ttft([r.prompt_tokens for r, _ in held]).tolist()
-            isolated = sum(a * n / r.prompt_tokens for a, (r, n) in zip(alone, held))
+        if held:
+            prompts, tokens = np.array(held).T
             self.prefill_taken = PREFILL_DECAY * self.prefill_taken + taken_s
-            self.prefill_isolated = PREFILL_DECAY * self.prefill_isolated + isolated
+            self.prefill_isolated = PREFILL_DECAY * self.prefill_isolated + isolated_prefill_s(sla, prompts, tokens)
 
     @property
     def prefill_slowdown(self) -> float | None:

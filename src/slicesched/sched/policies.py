@@ -139,7 +139,13 @@ def queued_prefill_s(engine: TenantEngine, sla: SLA | None) -> float:
     if sla is None or not sla.scale_ttft or not backlog:
         return float(sum(left for _, _, left in backlog))
     _, prompt, left = (np.array(c) for c in zip(*backlog))
-    return float(np.sum(sla.ttft_for(prompt) / sla.scale * left / prompt))
+    return isolated_prefill_s(sla, prompt, left)
+
+
+def isolated_prefill_s(sla: SLA, prompts: np.ndarray, tokens: np.ndarray) -> float:
+    """Seconds `tokens` prompt tokens of requests with these `prompts` take alone, each at its
+    own prompt's isolated TTFT rate (`sla` scales its TTFT with isolated latency)."""
+    return float(np.sum(sla.ttft_for(prompts) / sla.scale * tokens / prompts))
 
 
 def decode_budget(model: ModelSpec, tp: int, grain: Grain, cost: CostModel, device: DeviceSpec, link: LinkSpec,
