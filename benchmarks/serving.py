@@ -1,12 +1,20 @@
 """Real serving on CPU: a hot tenant beside two calm ones, under `dedicated` and `slicesched`,
 SliceScheduler's loans run on the executor.
 
-    python benchmarks/serving.py [ROUNDS] [--device cuda [--scaled]] [--ray] [--out FOLDER] [--calibration-repeats N]
+    python benchmarks/serving.py [ROUNDS] [--device cuda [--scaled]] [--threads | --ray] [--out FOLDER] [--calibration-repeats N]
 
 Prints one figure per line as `name: value unit`. The scenario is `scenarios/loans_cpu.toml`:
 three tenants (scaled-down random-weight Llama-3-8B and two Qwen2.5-1.5B on CPU; at full size
 with `--device cuda`, unless `--scaled`), one executor device each, one torch thread per device worker, served
-through the replay driver on the executor (`replay/real.py`) on a wall clock. The hot tenant's
+through the replay driver on the executor (`replay/real.py`) on a wall clock. On CPU each
+device's models run in a process of its own (a Ray actor of a local cluster, `executor/remote.py`,
+as a GPU server runs a process per GPU; SliceScheduler's shard loans go across the processes,
+`executor/remote_wide.py`); `--threads` runs them as threads of this process, where the driver's
+Python holds the interpreter lock the device threads' steps wait for between kernels
+(`benchmarks/step_overhead.py`'s `step_beside_python_*`: on 2 cores a step took 1.2x as long
+beside a thread running Python a quarter of the time, 2.2x half of it), which the prediction
+does not model. On CUDA the three
+devices share one GPU, so they are threads (`--ray` would give each worker a GPU of its own). The hot tenant's
 long prompts keep its device busy; the calm ones idle until a burst at 2.5 s takes their devices
 back. Under `slicesched` the loans happen (staged shards, an overflow replica loaded from host
 memory and stopped when its lender's burst comes, its requests moved home with their KV; steps
@@ -38,9 +46,7 @@ summed over rounds): `wide_iterations` (whole, MLP-only and mixed), `whole_itera
 `shards_staged`, `guests_started` (models loaded from host memory), `guests_stopped`,
 `weight_bytes_moved`, `kv_bytes_moved` (mirror syncs, KV copied home, requests moved home).
 
-`--ray`: each device's models in a Ray actor process of its own (a local cluster,
-`executor/remote.py`), calibrated through the same workers; the prediction decides as that
-backend allows (no staged shards, no wide steps: a step runs on its home worker alone).
+With device workers the calibration runs through the same workers.
 `load_avg_1m_before` is the machine's load before the benchmark's own work, `load_avg_1m` after.
 """
 
@@ -107,7 +113,7 @@ def _round(setup, eager, figs: dict[str, list[float]], sums: dict[str, float], r
                 workers.close()
         print(f"(served {name} in {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         res = run.result
-        pred = predict(setup, name, cost, host_slowdown=slowdown, shard_loans=not ray)
+        pred = predict(setup, name, cost, host_slowdown=slowdown)
         tokens = sum(r.num_generated for r in res.requests)
         got = {"requests": len(res.requests), "ooms": res.stats.ooms,
                "output_tokens_per_s": tokens / (res.makespan_s - min(r.arrival_s for r in res.requests))}
@@ -152,8 +158,11 @@ def main() -> None:
     ap.add_argument("--scaled", action="store_true", help="with --device cuda: the scaled-down float32 models")
     ap.add_argument("--out", type=Path, help="also write the figures to FOLDER/serving.json")
     ap.add_argument("--calibration-repeats", type=int, default=10, help="repeats of each calibration step")
-    ap.add_argument("--ray", action="store_true", help="serve on Ray device workers (a local cluster)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--threads", action="store_true", help="device workers as threads of this process")
+    how.add_argument("--ray", action="store_true", help="device workers as Ray actor processes (CPU: the default)")
     args = ap.parse_args()
+    args.ray = args.ray or (args.device == "cpu" and not args.threads)
     load_before = os.getloadavg()[0]
     setup = real_setup(load_scenario(SCENARIO), Path(tempfile.mkdtemp(prefix="serving-bench-")),
                        torch_device=args.device, scaled=args.scaled or args.device == "cpu",

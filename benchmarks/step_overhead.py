@@ -11,12 +11,21 @@ over rounds). Prints `step_direct_ms` (each round the median over repeats, synch
 `step_backend_over_direct` and `stage_host_ms`: the backend's extra time per stage, the host work
 a stage costs beyond the model's own (on a GPU, what serving pays per stage however small the
 model is).
+
+Then the interpreter lock: the same direct step while another thread of this process runs pure
+Python a quarter and half of the time (in bursts of 1 ms; as the replay driver's thread does
+between device threads' steps when those are threads of its process). `step_beside_python_25pct_over_alone`
+and `..._50pct_...`: the step's median time then over its time alone, in the same round. With two
+or more cores the thread takes no core from the step, so what it adds is the step's waits for
+the lock after each kernel (why `--ray-address` and `benchmarks/serving.py --ray` put each
+device's models in a process of its own).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
 import torch
@@ -47,6 +56,26 @@ def _direct_ms(paged: PagedModel, repeats: int) -> float:
     return statistics.median(times[1:]) * 1e3
 
 
+def _beside_python(paged: PagedModel, repeats: int, busy: float) -> float:
+    """`_direct_ms` while another thread runs Python `busy` of the time (1 ms bursts)."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            end = time.perf_counter() + 1e-3
+            while time.perf_counter() < end:  # pure Python: holds the lock but at switch intervals
+                pass
+            time.sleep(1e-3 * (1 - busy) / busy)
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    try:
+        return _direct_ms(paged, repeats)
+    finally:
+        stop.set()
+        t.join()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu", help="torch device of the executor device")
@@ -60,9 +89,12 @@ def main() -> None:
     paged = PagedModel(model)
     executor = Executor([DeviceConfig(args.device)])
     direct, backend = [], []
+    beside: dict[float, list[float]] = {0.25: [], 0.5: []}
     try:
-        for _ in range(ROUNDS):  # the two paths take turns: a burst of machine noise hits both
+        for _ in range(ROUNDS):  # the paths take turns: a burst of machine noise hits all
             direct.append(_direct_ms(paged, args.repeats))
+            for busy, got in beside.items():
+                got.append(_beside_python(paged, args.repeats, busy) / direct[-1])
             prof = calibrate_serving({"a": spec_of(cfg, "a")}, {"a": lambda dev: paged}, executor, {"a": 0},
                                      grid=(StepShape.of(*[(1, CONTEXT)] * BATCH),), repeats=args.repeats, wide=False)
             df = prof.df
@@ -79,6 +111,8 @@ def main() -> None:
     print(f"step_backend_ms: {backend_ms:.3f} ms")
     print(f"step_backend_over_direct: {backend_ms / direct_ms:.2f} x")
     print(f"stage_host_ms: {(backend_ms - direct_ms) / n:.3f} ms")
+    for busy, got in beside.items():
+        print(f"step_beside_python_{busy * 100:.0f}pct_over_alone: {statistics.median(got):.2f} x")
 
 
 if __name__ == "__main__":

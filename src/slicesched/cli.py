@@ -166,6 +166,7 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
         for name in names:
             typer.echo(f"serving {sc.name} under {name} x{k:g} ...")
             workers = device_workers(setup, address=ray_address) if ray_address is not None else None
+            shard_loans = workers is None or workers.one_host  # as the served backend declares it
             try:
                 run = serve(setup, name, rate_scale=k, window_s=duration, cost=cost, workers=workers)
             finally:
@@ -180,8 +181,7 @@ def _serve_real(scenario, scheduler, rate_scale, duration, out, plots, force, me
                 typer.echo(f"  device workers lost: {faults['faults']:.0f}, {faults['fault_requests']:.0f} requests "
                            f"recomputed; they made progress again after {faults['fault_resume_s']:.2f} s (first) "
                            f"and {faults['fault_recovery_s']:.2f} s (all)")
-            predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration,
-                                     shard_loans=ray_address is None))
+            predicted.append(predict(setup, name, cost, rate_scale=k, window_s=duration, shard_loans=shard_loans))
     runs = [summarize_run(r, sc.seed) for r in served]
     df = comparison_table(runs)
     n = sc.cluster.num_devices

@@ -10,13 +10,9 @@ import threading
 import numpy as np
 import pytest
 
-from step_helpers import BT, served_backend
-from slicesched.decisions import SchedulerDecision, ShardStage, SlicePlacement, StepInputs, WeightCopy, WeightEviction
+from step_helpers import BT, PROMPT, Seq, served_backend, stage_shards, wait_landed
+from slicesched.decisions import SchedulerDecision, SlicePlacement, WeightCopy, WeightEviction
 from slicesched.executor.serving import build_model, greedy_reference, scaled_config, shipped_config
-from slicesched.gmg import BatchShape, Grain, block_weight_bytes, build_iteration
-from slicesched.serving import PagedKVBlockManager
-
-PROMPT = tuple(range(3, 40))
 
 
 @pytest.fixture(scope="module")
@@ -24,63 +20,14 @@ def eager():
     return build_model(scaled_config(shipped_config("llama-3-8b")), 1)
 
 
-class _Seq:
-    """One request stepped through a backend: prefill, then decodes, each step placed as asked."""
-
-    def __init__(self, be, spec, home: int) -> None:
-        self.be, self.spec, self.home = be, spec, home
-        self.kv = PagedKVBlockManager(8, BT)
-        self.ids, self.done = list(PROMPT), 0
-
-    def add(self):
-        n = len(self.ids) - self.done
-        assert self.kv.allocate(0, len(self.ids))
-        shape = BatchShape(np.array([n]), np.array([self.done]), 1)
-        graph = build_iteration(self.spec, shape, 1, Grain.BLOCK, "a", 1)
-        inputs = StepInputs(("a", self.home), 8, BT, (tuple(self.ids[self.done:]),), (self.done,), (self.kv.block_table(0),))
-        return self.be.add_iteration(graph, home=self.home, inputs=inputs)
-
-    def finish(self, h, first: SchedulerDecision):
-        out = self.be.execute(first, wake="iteration", until=self.be.now + 30)
-        got = dict(out.tokens)
-        while h.key not in out.finished_iterations:
-            out = self.be.execute(SchedulerDecision(self.be.now), wake="iteration", until=self.be.now + 30)
-            got |= dict(out.tokens)
-        self.done = len(self.ids)
-        self.ids.append(got[h.key][0])
-        self.be.retire(h.key)
-
-    def run(self, group: int) -> None:
-        h = self.add()
-        self.finish(h, SchedulerDecision(self.be.now, (SlicePlacement(h.slice_base, group, h.num_slices),)))
-
-    def output(self) -> tuple[int, ...]:
-        return tuple(self.ids[len(PROMPT):])
-
-
-def _stage(be, spec, lender: int = 1) -> ShardStage:
-    shard = block_weight_bytes(spec, 2)
-    st = ShardStage("a", (0,), (lender,), (0,), tuple(range(len(shard))), tuple(float(x) for x in shard))
-    be.apply(SchedulerDecision(be.now, weight_copies=st.weight_copies()))
-    return st
-
-
-def _wait_landed(be, blocks: int, device: int = 1) -> None:
-    for _ in range(200):
-        be.execute(SchedulerDecision(be.now), until=be.now + 0.01)
-        if all(be.gmg.weights_on("a", b, b, (device,)) for b in range(blocks)):
-            return
-    raise AssertionError("the staged weights never landed")
-
-
 def test_steps_over_home_and_a_lender_holding_staged_shards_give_eager_tokens(eager):
     be, spec, ex = served_backend(devices=2)
     try:
-        seq = _Seq(be, spec, 0)
+        seq = Seq(be, spec, 0)
         seq.run(0)  # the home model is resident (its first step) before shards are cut from it
-        st = _stage(be, spec)
+        st = stage_shards(be, spec)
         assert ex.devices[1].used == pytest.approx(st.bytes_per_device)
-        _wait_landed(be, len(st.blocks))
+        wait_landed(be, len(st.blocks))
         union = be.gmg.cluster.group_id((0, 1))
         for _ in range(4):
             seq.run(union)
@@ -96,8 +43,8 @@ def test_steps_over_home_and_a_lender_holding_staged_shards_give_eager_tokens(ea
 def test_a_shard_stage_beyond_the_lenders_budget_is_refused_as_an_oom_and_never_overruns_it():
     be, spec, ex = served_backend(budgets=(float("inf"), 1e6))
     try:
-        _Seq(be, spec, 0).run(0)
-        _stage(be, spec)
+        Seq(be, spec, 0).run(0)
+        stage_shards(be, spec)
         out = be.execute(SchedulerDecision(be.now), until=be.now + 0.05)
         assert out.ooms and {o.what for o in out.ooms} == {"weights"} and {o.device for o in out.ooms} == {1}
         assert ex.devices[1].used <= 1e6
@@ -108,7 +55,7 @@ def test_a_shard_stage_beyond_the_lenders_budget_is_refused_as_an_oom_and_never_
 def test_a_step_on_the_union_without_the_shards_runs_at_home_and_the_gmg_says_so(eager):
     be, spec, ex = served_backend(devices=2)
     try:
-        seq = _Seq(be, spec, 0)
+        seq = Seq(be, spec, 0)
         seq.run(0)
         h = seq.add()
         union = be.gmg.cluster.group_id((0, 1))
@@ -119,16 +66,16 @@ def test_a_step_on_the_union_without_the_shards_runs_at_home_and_the_gmg_says_so
         ex.close()
 
 
-def test_a_lender_taking_its_device_back_mid_step_gets_it_at_the_next_stage(eager):
+def test_a_lender_taking_its_device_back_mid_step_gets_it_at_the_nextstage_shards(eager):
     """The lender's worker is busy with its own job when the step's first wide stage waits for
     it; the step's unstarted slices are then mapped home: the stage begun runs wide, the rest at
     home, and the GMG reports each slice where it ran."""
     be, spec, ex = served_backend(devices=2)
     try:
-        seq = _Seq(be, spec, 0)
+        seq = Seq(be, spec, 0)
         seq.run(0)
-        st = _stage(be, spec)
-        _wait_landed(be, len(st.blocks))
+        st = stage_shards(be, spec)
+        wait_landed(be, len(st.blocks))
         union = be.gmg.cluster.group_id((0, 1))
         hold = threading.Event()
         ex.devices[1].submit(hold.wait)  # the lender's own work
@@ -157,12 +104,12 @@ def test_a_lender_taking_its_device_back_mid_step_gets_it_at_the_next_stage(eage
 def test_a_model_loaded_from_host_memory_serves_and_its_eviction_frees_the_device(eager):
     be, spec, ex = served_backend(devices=2)
     try:
-        _Seq(be, spec, 0).run(0)
+        Seq(be, spec, 0).run(0)
         blocks = 2 * spec.layers + 2
         be.apply(SchedulerDecision(be.now, weight_copies=tuple(WeightCopy("a", b, -1, 1) for b in range(blocks))))
-        _wait_landed(be, blocks)
+        wait_landed(be, blocks)
         assert be.loan_report()["models_loaded"] == 1
-        guest = _Seq(be, spec, 1)
+        guest = Seq(be, spec, 1)
         for _ in range(3):
             guest.run(1)
         assert guest.output() == greedy_reference(eager, PROMPT, 3)
@@ -177,12 +124,12 @@ def test_a_requests_kv_moved_to_another_replica_decodes_on_as_eager(eager):
     try:
         blocks = 2 * spec.layers + 2
         be.apply(SchedulerDecision(be.now, weight_copies=tuple(WeightCopy("a", b, -1, 1) for b in range(blocks))))
-        _wait_landed(be, blocks)
-        guest = _Seq(be, spec, 1)
+        wait_landed(be, blocks)
+        guest = Seq(be, spec, 1)
         guest.run(1)
         guest.run(1)
         saved = be.save_kv(("a", 1), 1, guest.kv.block_table(0), guest.done, BT)
-        home = _Seq(be, spec, 0)
+        home = Seq(be, spec, 0)
         home.ids, home.done = list(guest.ids), guest.done
         home.kv.allocate(1, 5)  # the request gets other block ids at home
         home.kv.allocate(0, home.done)

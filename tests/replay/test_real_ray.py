@@ -72,13 +72,12 @@ def test_device_workers_are_processes_of_their_own_and_serve_eager_tokens(fault_
     assert _all_served(res) and mismatches(res.requests, eager) == []
 
 
-def test_slicesched_serves_on_device_workers_without_shard_loans(cluster, setup, eager, fault_free):
+def test_slicesched_serves_on_device_workers_with_eager_tokens(cluster, setup, eager, fault_free):
     workers = device_workers(setup)
     try:
         run = serve(setup, "slicesched", workers=workers)
     finally:
         workers.close()
-    assert run.loans["shards_staged"] == 0 and run.loans["wide_stages"] == 0  # declared: none across processes
     assert _all_served(run.result) and mismatches(run.result.requests, eager) == []
     assert _outputs(run.result) == _outputs(fault_free[1])
 
@@ -155,10 +154,14 @@ def test_the_endpoint_serves_a_tenant_whose_worker_died_before_its_first_request
     assert tuple(got) == greedy_reference(eager["a"], tuple(b"Hello there"), 6)
 
 
-def test_a_calibration_on_device_workers_times_their_steps_and_no_wide_ones(cluster, setup):
+def test_a_calibration_on_device_workers_times_their_steps_at_home_and_wide(cluster, setup):
     """Steps timed through the workers, as a run on them serves: both tenants' stages and
-    dispatch for each shape, and no tensor-parallel rows (the workers run no wide step)."""
+    dispatch for each shape, at home and tensor-parallel over both workers' processes."""
+    from slicesched.cost import CalibratedCostModel
+    from slicesched.cost.profile import Profile
     from slicesched.executor.calibration import StepShape
+    from slicesched.gmg import BatchShape, build_iteration
+    from slicesched.models.spec import model_spec
     from slicesched.replay.real import calibrate
 
     grid = (StepShape((8,), (0,)), StepShape((1, 1), (16, 16)))
@@ -168,4 +171,9 @@ def test_a_calibration_on_device_workers_times_their_steps_and_no_wide_ones(clus
     finally:
         workers.close()
     assert df["model"].nunique() == 2 and (df["time_s"] > 0).all()
-    assert len(df) == 2 * len(grid) * (2 * 2 + 2 + 1)  # per tenant and shape: 2 layers x 2 blocks, embedding, head, dispatch
+    # per tenant, shape and degree (1, 2): 2 layers x 2 blocks, embedding, head, dispatch
+    assert len(df) == 2 * len(grid) * 2 * (2 * 2 + 2 + 1)
+    cost = CalibratedCostModel(Profile(df, "workers"))
+    for t in setup.scenario.tenants:
+        g = build_iteration(model_spec(t.model), BatchShape.decode(2, 30), 2)
+        assert cost.stages.stage_times(g, "cpu") is not None

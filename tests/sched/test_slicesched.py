@@ -94,7 +94,7 @@ def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
 def test_no_shards_are_staged_where_the_backend_runs_no_shard_loans():
     g, sim = two_tenants()
     s = scheduler()
-    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], shard_loans=False))  # device workers in other processes
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE], shard_loans=False))  # device workers on several hosts
     assert s.schedule(g, sim.now).shard_stages == ()
 
 

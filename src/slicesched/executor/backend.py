@@ -68,8 +68,9 @@ class ExecutorBackend:
 
     `models`: per tenant, a factory of its `PagedModel` on a torch device (real serving; the
     same weights on every device): a model step of the tenant needs one. `workers`: the
-    devices' models run in device worker processes instead (`remote.py`; no staged shards or
-    wide stages then, `runs_shard_loans`), and outcomes report workers lost and back.
+    devices' models run in device worker processes instead (`remote.py`; staged shards and wide
+    stages across them where they share this host, `remote_wide.py`), and outcomes report workers
+    lost and back.
     """
 
     def __init__(self, executor: Executor, gmg: GlobalMappingGraph,
@@ -90,7 +91,8 @@ class ExecutorBackend:
         self.failed: set[int] = set()
         self.computes_tokens = bool(models)
         self.workers = workers
-        self.runs_shard_loans = workers is None  # a step's stages never cross a worker process
+        # in one process, or across the device workers' processes of this host (`remote_wide.py`)
+        self.runs_shard_loans = workers is None or workers.one_host
         self.shares_devices = False  # a device runs one slice at a time (spatial sharing is refused at start)
         self.served = ModelSteps(executor, gmg, models or {}, self._events, self.t0, workers)
         self._ooms: list[OOMEvent] = []  # reported in the next outcome

@@ -156,8 +156,8 @@ def _stage_lenders(backend: ExecutorBackend, models: Mapping[str, ModelSpec], de
         return {}
     lenders = {}
     for tenant, d in devices.items():
-        model = backend.served.model(tenant, d)
-        if model.heads % 2 or model.model.config.intermediate_size % 2:
+        backend.served.model(tenant, d)  # resident at home before its shards are cut
+        if models[tenant].heads % 2 or models[tenant].intermediate % 2:
             continue
         lenders[tenant] = (d + 1) % n
         copies = tuple(WeightCopy(tenant, b, d, lenders[tenant], 0.0, 1, 2) for b in range(2 * models[tenant].layers + 2))
@@ -237,11 +237,11 @@ def calibrate_serving(models: Mapping[str, ModelSpec], factories: Mapping[str, C
     iterations SliceScheduler's loans run (`executor/wide.py`). `device_names`: per executor
     device, the device type of the served cluster it stands for (the key a `CalibratedCostModel`
     prices that cluster's devices by; default `cpu`). `workers`: the steps run on these device
-    workers (`remote.py`), their round trips priced with them; no wide steps there."""
+    workers (`remote.py`), their round trips priced with them (wide ones across their processes)."""
     cluster = Cluster.homogeneous("cpu", 1, executor.num_devices, intra_link="local")
     gmg = GlobalMappingGraph(cluster, dict(models), {t: Container(t, (d,)) for t, d in devices.items()})
     backend = ExecutorBackend(executor, gmg, factories, workers=workers)
-    lenders = _stage_lenders(backend, models, devices) if wide and workers is None else {}
+    lenders = _stage_lenders(backend, models, devices) if wide else {}
     jobs, blocks = _jobs(models, devices, grid, seed, lenders)
     samples: list[list[tuple[np.ndarray, float]]] = [[] for _ in jobs]
     graphs: list[IterationGraph | None] = [None] * len(jobs)

@@ -64,7 +64,7 @@ def collective_context(pg: dist.Backend | None) -> Iterator[None]:
         _local.pg = prev
 
 
-def _make_group(store: dist.Store, rank: int, size: int, devices: Sequence[torch.device]) -> dist.Backend:
+def make_group(store: dist.Store, rank: int, size: int, devices: Sequence[torch.device]) -> dist.Backend:
     if (all(d.type == "cuda" for d in devices) and len({d.index for d in devices}) == len(devices)
             and hasattr(dist, "ProcessGroupNCCL")):
         torch.cuda.set_device(devices[rank])
@@ -100,7 +100,7 @@ class Communicators:
 
         def join(rank: int) -> None:
             try:
-                made[rank] = _make_group(store, rank, len(devices), torch_devices)
+                made[rank] = make_group(store, rank, len(devices), torch_devices)
             except BaseException as e:  # reported below, in the caller's thread
                 made[rank] = e
 

@@ -8,14 +8,17 @@ memory ledger and its two threads, which now wait on the device's worker); the d
 KV pools and computation live in its actor. KV leaving a device (`read_kv`, a request moving
 between replicas) travels through Ray's object store.
 
-What crosses a worker boundary: tokens, step inputs and moved KV. What does not: a stage's
-activations. So a step runs on its home worker alone, all its stages in one call (its stage ends
-reported after it; a step aborted meanwhile is dropped when it returns), and loans that split one
-step over several devices (staged shards, wide iterations, tensor-parallel homes) are not run
-here: the backend declares them unsupported (`ExecutorBackend.runs_shard_loans`) and schedulers
-make none.
+What crosses a worker boundary through Ray: tokens, step inputs and moved KV. A step runs on its
+home worker, all its stages in one call (its stage ends reported after it; a step aborted
+meanwhile is dropped when it returns). Loans that split a step over several devices run across
+the workers' processes (`remote_wide.py`): shards staged on a lender are cut there from the
+tenant's recipe, and a wide step's stages run tensor-parallel over the home worker and its
+lenders' workers, the hidden state, partial sums and mirrored KV moving through gloo between
+them. Its plan is fixed when the call begins: a lender taking its device back meanwhile has it
+from the next step. Replicas tensor-parallel at home (over several devices from the start) are
+not run on workers (`replay.real` refuses them at start).
 Overflow replicas are whole models on the lent device's worker (loaded there from the tenant's
-recipe: its seed or its checkpoint), so they run.
+recipe: its seed or its checkpoint).
 
 Faults: a worker whose process dies is noticed at its next call, or by the health pings the
 backend sends every `health_s` (a call or ping of a dead worker fails as soon as Ray notices the
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 
 from slicesched.decisions import StepInputs
+from slicesched.executor.remote_wide import WideWork, WidePlan, WorkerWide
 from slicesched.executor.serving import ModelRecipe, PagedModel, build_model
 
 
@@ -61,9 +65,16 @@ class DeviceWorker:
         self.models: dict[str, PagedModel] = {}
         self.kept: dict[str, dict] = {}  # pools of an unloaded model: its requests keep their KV
         self.lock = threading.Lock()  # loads (copy thread) beside steps (compute thread)
+        self.wide = WorkerWide(torch_device)  # its part in wide steps, as a home and as a lender
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this worker's process runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def load(self, tenant: str) -> list[float]:
         """Build the tenant's model here (weights from its recipe); returns its block bytes."""
@@ -86,7 +97,31 @@ class DeviceWorker:
         t0 = time.perf_counter()
         out = self._model(tenant).run(inputs, lambda _i: ends.append(time.perf_counter() - t0))
         assert out is not None  # never cancelled between stages here
+        self.wide.written(inputs.pool, inputs)
         return out, ends
+
+    def connect(self, order: tuple[int, ...], rank: int, name: str, host: str, port: int) -> None:
+        """Join the process group of the devices `order` as rank `rank` (`remote_wide.py`)."""
+        self.wide.connect(order, rank, name, host, port)
+
+    def stage_shard(self, tenant: str, block: int, rank: int, degree: int) -> float:
+        """Stage rank `rank` of `degree`'s shard of a weight block here; returns its bytes."""
+        return self.wide.stage(tenant, lambda: self.recipes[tenant].build(self.torch_device), block, rank, degree)
+
+    def release_shard(self, tenant: str, block: int) -> None:
+        self.wide.release(tenant, block)
+
+    def forget_mirrors(self, tenant: str, lender: int) -> None:
+        self.wide.forget(tenant, lender)
+
+    def run_wide(self, tenant: str, inputs: StepInputs, plan: WidePlan) -> tuple[tuple[int, ...], list[float], WideWork]:
+        """`run`, the plan's stages tensor-parallel with the lenders' workers (`join_wide`)."""
+        t0 = time.perf_counter()
+        return self.wide.run_home(self._model(tenant), inputs, plan, lambda: time.perf_counter() - t0)
+
+    def join_wide(self, tenant: str, inputs: StepInputs, plan: WidePlan, rank: int, can: bool) -> WideWork:
+        """This lender's part (rank `rank`) of a wide step its home runs (`run_wide`)."""
+        return self.wide.run_lender(tenant, inputs, plan, rank, can)
 
     def read_kv(self, tenant: str, key: tuple, slots: torch.Tensor) -> list:
         return self._model(tenant).read_kv(key, slots)
@@ -94,6 +129,7 @@ class DeviceWorker:
     def write_kv(self, tenant: str, key: tuple, num_blocks: int, block_tokens: int, slots: torch.Tensor,
                  saved: list) -> None:
         self._model(tenant).write_kv(key, num_blocks, block_tokens, slots, saved)
+        self.wide.written(key, slots=slots)
 
     def _model(self, tenant: str) -> PagedModel:
         m = self.models.get(tenant)
@@ -127,6 +163,11 @@ class RemoteModel:
         """One step on the worker (`DeviceWorker.run`): tokens, and each stage's end since it began."""
         return self.workers.call(self.device, "run", self.tenant, inputs)
 
+    def run_wide(self, inputs: StepInputs, plan: WidePlan) -> tuple[tuple[int, ...], list[float], WideWork]:
+        """A step whose plan's stages run over the union (`DeviceWorker.run_wide`; the lenders'
+        workers must be joining it, `DeviceWorkers.join_wide`)."""
+        return self.workers.call(self.device, "run_wide", self.tenant, inputs, plan)
+
     def read_kv(self, key: tuple, slots: torch.Tensor) -> list:
         return self.workers.call(self.device, "read_kv", self.tenant, key, slots)
 
@@ -155,12 +196,18 @@ class DeviceWorkers:
         self.recipes, self.health_s = recipes, health_s
         self.actors = [actor.remote(i, recipes, "cuda" if cuda else "cpu", 1) for i in range(num_devices)]
         self.pids = ray.get([a.pid.remote() for a in self.actors])
+        # wide steps' process groups connect over loopback: only workers on this host make them
+        here = ray.get_runtime_context().get_node_id()
+        self.one_host = all(n == here for n in ray.get([a.node.remote() for a in self.actors]))
         self._lock = threading.Lock()
         self._down: set[int] = set()  # lost, not yet back
         self._news: list[tuple[str, int]] = []  # ("lost" | "back", device), not yet reported
         self._pings: dict[int, Any] = {}
         self._next_health = 0.0
         self._meta: dict[str, list[float]] = {}
+        self._store: Any = None  # the TCP store process groups connect through (made on first use)
+        self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # union -> its workers' pids when connected
+        self._unions = 0
 
     def call(self, device: int, method: str, *args: Any) -> Any:
         """Run `method` on the device's worker and wait for it; `WorkerLost` if the worker died."""
@@ -185,6 +232,55 @@ class DeviceWorkers:
             if device not in self._down:
                 self._down.add(device)
                 self._news.append(("lost", device))
+
+    def group(self, order: tuple[int, ...]) -> None:
+        """Connect the workers of the devices `order` into one process group (rank r: the r-th),
+        once per union and again after one of them restarted; `WorkerLost` if one is down."""
+        import ray
+        import torch.distributed as dist
+        from ray.exceptions import RayActorError
+
+        self._alive(order)  # a rank that died would leave the others waiting in the store
+        with self._lock:
+            pids = tuple(self.pids[d] for d in order)
+            if self._groups.get(order) == pids:
+                return
+            if self._store is None:
+                self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            self._unions += 1
+            name = f"union{self._unions}"
+        calls = {d: self.actors[d].connect.remote(order, r, name, "127.0.0.1", self._store.port)
+                 for r, d in enumerate(order)}
+        for d, ref in calls.items():
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                self._mark_lost(d)
+                raise WorkerLost(d, type(e).__name__) from e
+        with self._lock:
+            self._groups[order] = pids
+
+    def _alive(self, devices: tuple[int, ...]) -> None:
+        """`WorkerLost` for the first of `devices` whose process is down or not the one known."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        for d in devices:
+            if d in self._down:
+                raise WorkerLost(d, "not back yet")
+            try:
+                pid = ray.get(self.actors[d].pid.remote())
+            except RayActorError as e:
+                self._mark_lost(d)
+                raise WorkerLost(d, type(e).__name__) from e
+            if pid != self.pids[d]:  # restarted unnoticed: what the old process held is gone
+                self._mark_lost(d)
+                raise WorkerLost(d, "a new process")
+
+    def join_wide(self, device: int, tenant: str, inputs: StepInputs, plan: WidePlan, rank: int,
+                  can: bool) -> WideWork:
+        """The lender `device`'s part of a wide step (rank `rank`), waited for."""
+        return self.call(device, "join_wide", tenant, inputs, plan, rank, can)
 
     def block_bytes(self, tenant: str) -> list[float]:
         """Bytes of each weight block of the tenant's model (built once on no device: sizes only)."""

@@ -202,15 +202,21 @@ class PagedModel:
     def prepare(self, inputs: StepInputs) -> "StepState":
         """Stage 0: the batch's positions, pool slots and masks, and the embedding (call under
         `torch.inference_mode`)."""
-        dev = self.device
-        layout = AttentionLayout.of(inputs, dev)
-        ids = torch.tensor([t for f in inputs.token_ids for t in f], device=dev)
-        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(inputs.context_lens_before, layout.lens)]).to(dev)
-        new = layout.written.to(dev)
+        ids = torch.tensor([t for f in inputs.token_ids for t in f], device=self.device)
         h = self.inner.embed_tokens(ids)[None]
-        cos, sin = self.inner.rotary_emb(h, pos[None])
+        layout, new, cos, sin = self.frame(inputs, h)
         return StepState(inputs.pool, self.pool(inputs.pool, inputs.num_blocks, inputs.block_tokens), layout, new,
                          cos, sin, h)
+
+    def frame(self, inputs: StepInputs, h: torch.Tensor
+              ) -> tuple["AttentionLayout", torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What every stage of the batch reads besides the hidden state `h` (its dtype and device
+        matter): the attention layout, the slots the new tokens write, the rotary cos and sin."""
+        dev = self.device
+        layout = AttentionLayout.of(inputs, dev)
+        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(inputs.context_lens_before, layout.lens)]).to(dev)
+        cos, sin = self.inner.rotary_emb(h, pos[None])
+        return layout, layout.written.to(dev), cos, sin
 
     def stage(self, i: int, st: "StepState") -> None:
         """Stage i (1 .. num_stages-2) of the batch, all of it on this device: st.h advances."""

@@ -35,6 +35,8 @@ import torch
 from slicesched.decisions import OOMEvent, SliceCompletion, SlicePlacement, StepInputs, WeightCopy, WeightEviction
 from slicesched.errors import InputError
 from slicesched.executor.remote import DeviceWorkers, RemoteModel, WorkerLost
+from slicesched.executor.remote_steps import remote_plan, run_remote_wide
+from slicesched.executor.remote_wide import RemoteShard
 from slicesched.executor.runtime import Executor
 from slicesched.executor.serving import PagedModel, slots_of
 from slicesched.executor.wide import WideContext, cut_shard, mark_written, rank_order, run_wide_stage
@@ -196,9 +198,6 @@ class ModelSteps:
         if wc.block in have:
             return None
         if wc.degree > 1:
-            if self.workers is not None:
-                raise ValueError(f"a shard of {wc.tenant!r} staged across device workers, which run no wide "
-                                 "stage (`ExecutorBackend.runs_shard_loans`)")
             home = self.models.get((wc.tenant, wc.src_device))
             if home is None:
                 raise ValueError(f"a shard of {wc.tenant!r} copied from device {wc.src_device}, which does not hold it")
@@ -210,7 +209,9 @@ class ModelSteps:
             return dataclasses.replace(oom, time=oom.time - self.t0)
         have[wc.block] = nbytes
         self.loans.weight_bytes_moved += nbytes
-        if wc.degree > 1:
+        if wc.degree > 1 and isinstance(home, RemoteModel):
+            self._start_remote_shard(wc)
+        elif wc.degree > 1:
             self._start_shard(wc, home)
         elif len(have) == len(self._host_blocks(wc.tenant)):
             self._start_model_load(wc.tenant, wc.dst_device)
@@ -228,6 +229,22 @@ class ModelSteps:
                 got = e
             loads.put((wc.tenant, wc.dst_device, (wc.block,), got))
             events.put(("landed",))  # wakes the caller waiting in `execute`
+
+        dev.submit(job, copy=True)
+
+    def _start_remote_shard(self, wc: WeightCopy) -> None:
+        """The shard cut on the lender's worker from the tenant's recipe (`remote_wide.py`)."""
+        dev, loads, events, workers = self.ex.devices[wc.dst_device], self.loads, self.events, self.workers
+        assert workers is not None
+
+        def job() -> None:
+            try:
+                nbytes = workers.call(wc.dst_device, "stage_shard", wc.tenant, wc.block, wc.rank, wc.degree)
+                got: object = {wc.block: RemoteShard(wc.rank, wc.degree, nbytes)}
+            except Exception as e:  # re-raised in the caller's thread (`landed`); WorkerLost: nothing landed
+                got = e
+            loads.put((wc.tenant, wc.dst_device, (wc.block,), got))
+            events.put(("landed",))
 
         dev.submit(job, copy=True)
 
@@ -300,7 +317,9 @@ class ModelSteps:
         if not have or ev.block not in have:
             return
         self.ex.devices[ev.device].release(have.pop(ev.block), weights=True)
-        self.wide.shards.get(key, {}).pop(ev.block, None)
+        shard = self.wide.shards.get(key, {}).pop(ev.block, None)
+        if isinstance(shard, RemoteShard):
+            self._release_remote(ev.tenant, ev.device, ev.block, last=not self.wide.shards[key])
         if not have:  # nothing of the tenant left there: its model and shards go (its KV pools stay)
             self.charged.pop(key)
             gone = self.models.pop(key, None)
@@ -311,6 +330,21 @@ class ModelSteps:
             self.wide.shards.pop(key, None)
             for k in [k for k in self.wide.mirrors if k[1] == ev.device and k[0][0] == ev.tenant]:
                 del self.wide.mirrors[k]
+
+    def _release_remote(self, tenant: str, device: int, block: int, last: bool) -> None:
+        """A shard evicted from a lender's worker; with its last one, its homes forget its mirrors."""
+        assert self.workers is not None
+        try:
+            self.workers.call(device, "release_shard", tenant, block)
+        except WorkerLost:  # gone with its process
+            pass
+        if not last:
+            return
+        for d in sorted({d for (t, d) in self.models if t == tenant}):
+            try:
+                self.workers.call(d, "forget_mirrors", tenant, device)
+            except WorkerLost:
+                pass
 
     def analytic_bytes(self, tenant: str, block: int, degree: int) -> float:
         """What the GMG counts for a block (the served model's spec, as the driver charged home)."""
@@ -361,7 +395,7 @@ class ModelSteps:
             return
         dev = self.ex.devices[st.home]
         key, events, clock, cluster, home_group = st.handle.key, self.events, self.ex.clock, self.gmg.cluster, -1
-        tenant, wide, stats = st.handle.tenant, self.wide, self.loans
+        tenant, wide = st.handle.tenant, self.wide
         home_group = self.gmg.cluster.group_id((st.home,))
         self.running += 1
         st.placed_t = clock()
@@ -400,19 +434,27 @@ class ModelSteps:
                 st.ran_on[last] = home_group
                 out = model.finish(state)
             if st.wide_stages:
-                layers = (last - 1) // 2
-                mlp_only = all(st.ran_on[i] == home_group for i in range(1, last, 2))
-                whole = st.wide_stages == 2 * layers
-                stats.mlp_iterations += mlp_only
-                stats.whole_iterations += whole
-                stats.mixed_iterations += not (mlp_only or whole)
+                self._count_wide(st, home_group, last)
             return out
 
         def on_worker(t0: float) -> tuple[int, ...]:
-            """Every stage at home on the device's worker, in one call (a round trip per stage
-            cost more than a small model's stage); its stage ends reported after it."""
-            out, ends = model.run(st.inputs)
+            """Every stage on the device's worker in one call (a round trip per stage cost more
+            than a small model's stage), the stages placed wide over the lenders' workers too
+            (`remote_wide.py`); its stage ends reported after it."""
+            with st.lock:  # the plan holds for the whole call: placements from now on, the next step
+                st.begun, groups = model.num_stages - 1, list(st.stage_group)
+            plan = remote_plan(wide, cluster, tenant, st.home, groups)
             st.ran_on[:] = [home_group] * len(st.ran_on)
+            if plan is None:
+                out, ends = model.run(st.inputs)
+            else:
+                assert self.workers is not None
+                out, ends, ran = run_remote_wide(self.ex, self.workers, wide, model, st.inputs, st.act_bytes, plan)
+                if ran:
+                    for i in plan.stages:
+                        st.ran_on[i] = groups[i]
+                    st.wide_stages = len(plan.stages)
+                    self._count_wide(st, home_group, model.num_stages - 1)
             for i, e in enumerate(ends[:-1]):
                 report((key, i, t0 + e, None, None, False))
             return out
@@ -438,6 +480,15 @@ class ModelSteps:
             events.put((key, last if out is not None else -1, clock(), out, None, True))
 
         dev.submit(job)
+
+    def _count_wide(self, st: Step, home_group: int, last: int) -> None:
+        """A step some of whose stages ran wide: whole, MLP-only or mixed."""
+        layers = (last - 1) // 2
+        mlp_only = all(st.ran_on[i] == home_group for i in range(1, last, 2))
+        whole = st.wide_stages == 2 * layers
+        self.loans.mlp_iterations += mlp_only
+        self.loans.whole_iterations += whole
+        self.loans.mixed_iterations += not (mlp_only or whole)
 
     def drain_stages(self) -> list[StepEvent]:
         """The stage ends workers logged without waking the caller, oldest first."""

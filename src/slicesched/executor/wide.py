@@ -39,6 +39,7 @@ from slicesched.executor.moe import MoEWeights, is_moe, moe_copy, moe_part, moe_
 from slicesched.executor.serving import AttentionWeights, PagedModel, StepState, attend
 
 if TYPE_CHECKING:
+    from slicesched.executor.remote_wide import RemoteShard
     from slicesched.executor.runtime import Executor
 
 VOTE_TIMEOUT_S = 60.0
@@ -95,7 +96,7 @@ def block_stage(model: PagedModel, block: int) -> int:
     return 0 if block == 2 * layers else block if block == 2 * layers + 1 else block + 1
 
 
-def _part(model: PagedModel, stage: int, rank: int, degree: int
+def rank_part(model: PagedModel, stage: int, rank: int, degree: int
           ) -> tuple[torch.nn.Module, AttentionWeights | MLPWeights | MoEWeights]:
     """Views of the full weights of `stage`, cut to rank `rank` of `degree` (no copy)."""
     layer = model.inner.layers[(stage - 1) // 2]
@@ -132,7 +133,7 @@ def cut_shard(model: PagedModel, block: int, rank: int, degree: int, device: tor
         tensors = tuple(mv(p) for m in mods for p in m.parameters())
         return StagedShard(rank, degree, torch.nn.Identity(), ReplicaWeights(tensors),
                            sum(t.numel() * t.element_size() for t in tensors))
-    norm, w = _part(model, stage, rank, degree)
+    norm, w = rank_part(model, stage, rank, degree)
     norm = copy.deepcopy(norm).to(device)
     if isinstance(w, AttentionWeights):
         qn = None if w.q_norm is None else copy.deepcopy(w.q_norm).to(device)
@@ -201,7 +202,7 @@ class WideContext:
     mirrors (owned by the backend, keyed by (tenant, device)), and the counters."""
 
     executor: "Executor"
-    shards: dict[tuple[str, int], dict[int, StagedShard]]
+    shards: dict[tuple[str, int], dict[int, "StagedShard | RemoteShard"]]  # remote: staged on a device worker
     mirrors: dict[tuple[tuple, int], Mirror]  # (pool key, device) -> mirror
     stats: WideStats = field(default_factory=WideStats)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -234,10 +235,10 @@ def run_wide_stage(ctx: WideContext, model: PagedModel, tenant: str, i: int, st:
     finished = [threading.Event() for _ in order[1:]]
     for r, d in enumerate(order[1:], 1):
         ex.devices[d].submit(_rank_job(ctx, model, tenant, i, block, st, r, d, pgs[r], vote, results, finished[r - 1]))
-    norm, w = _part(model, i, 0, degree)
+    norm, w = rank_part(model, i, 0, degree)
     ok = vote.cast(True)
     if ok:
-        partial = _compute(model, i, norm, w, st, st.pool[(i - 1) // 2] if i % 2 else None, 0, degree, st.new)
+        partial = rank_partial(model, i, norm, w, st, st.pool[(i - 1) // 2] if i % 2 else None, 0, degree, st.new)
         y = partial.clone()
         pgs[0].allreduce([y]).wait()
     for e in finished:
@@ -277,7 +278,7 @@ def _rank_job(ctx: WideContext, model: PagedModel, tenant: str, i: int, block: i
                 if mirror is not None:
                     _sync_mirror(ctx, st, mirror, (i - 1) // 2, moved)
                 kv = None if mirror is None else mirror.pool[(i - 1) // 2]
-                partial = _compute(model, i, shard.norm, shard.weights, moved, kv, rank, len(results), moved.new)
+                partial = rank_partial(model, i, shard.norm, shard.weights, moved, kv, rank, len(results), moved.new)
                 pg.allreduce([partial]).wait()
                 if mirror is not None:
                     _copy_home(ctx, st, mirror, (i - 1) // 2, moved.new)
@@ -295,7 +296,7 @@ def _rank_job(ctx: WideContext, model: PagedModel, tenant: str, i: int, block: i
     return job
 
 
-def _compute(model: PagedModel, i: int, norm: torch.nn.Module, w: AttentionWeights | MLPWeights | MoEWeights,
+def rank_partial(model: PagedModel, i: int, norm: torch.nn.Module, w: AttentionWeights | MLPWeights | MoEWeights,
              st: StepState,
              kv: tuple[torch.Tensor, torch.Tensor] | None, rank: int, degree: int, new: torch.Tensor) -> torch.Tensor:
     """Rank `rank`'s partial sum of stage i (attention into `kv`, the rank's pool or mirror)."""

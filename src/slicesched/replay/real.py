@@ -253,8 +253,8 @@ def predict(setup: RealSetup, scheduler: str, cost: CostModel, *, rate_scale: fl
             shard_loans: bool = True) -> RunResult:
     """The simulator's replay of the same scenario, trace and decisions, timed by `cost` alone.
     `host_cores`, `host_slowdown`: how the executor's device threads share the host (`host_sharing`).
-    `shard_loans` False: the served run's backend stages no shards (device workers on Ray), so
-    neither does the simulator here (`Backend.runs_shard_loans`)."""
+    `shard_loans` False: the served run's backend stages no shards (device workers on several
+    hosts), so neither does the simulator here (`Backend.runs_shard_loans`)."""
     sc = setup.scenario
     window = sc.replay.duration_s if window_s is None else window_s
     sharing = host_sharing(setup, host_cores, host_slowdown)

@@ -239,7 +239,7 @@ class Backend(Protocol):
     record: bool  # keeping a timeline for `perfetto`
     op_events: int  # events processed (simulator: ops and slices; executor: slices run)
     computes_tokens: bool  # runs real models: needs `StepInputs`, reports `StepOutcome.tokens`
-    runs_shard_loans: bool  # runs staged shards and wide iterations (device workers in other processes do not)
+    runs_shard_loans: bool  # runs staged shards and wide iterations (device workers on several hosts do not)
     shares_devices: bool  # runs several slices of a device at once, its owners' first (spatial sharing)
     what_if: "WhatIf | None"  # the what-if service over this backend's state (None: none)
 

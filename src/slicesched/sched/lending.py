@@ -90,7 +90,7 @@ class LendingMixin:
         # overflow replicas first: a whole replica on calm devices serves more than a lease of them
         starts = self._guest_starts(gmg, loads, guests, leases, now, hosting, shared)
         stages = (self._stages(gmg, loads, leases, now, hosting | {d for g in starts for d in g.devices})
-                  if self._view.shard_loans_run() else ())  # device workers in other processes run no wide stage
+                  if self._view.shard_loans_run() else ())  # device workers on several hosts run no wide stage
         return stages, releases, starts, stops
 
     def _sync_leases(self: Any, gmg: GlobalMappingGraph, leases: tuple[ShardLease, ...]) -> None:

@@ -1,0 +1,291 @@
+"""Wide steps across device worker processes: a step's stages tensor-parallel over its home
+worker and the workers of devices lent to it, with gloo collectives between the processes.
+
+The protocol of one wide step (`remote.py`'s workers, driven by `steps.py`): the driver hands the
+home worker `run_wide` and each lender `join_wide`, with the step's inputs and the same plan
+(the union's devices in rank order, the model stages to run over it). Every rank computes the
+step's frame (attention layout, new slots, rotary cos and sin) from the inputs itself; what
+crosses between the processes is:
+
+- one vote at the step's start (an all-reduce of refusals): a lender missing a shard, or whose
+  driver found its memory budget full, votes no and the home runs every stage alone;
+- the hidden state, broadcast from home before a wide stage that follows a home-only one (after
+  a wide stage every rank already holds the same sum);
+- for an attention stage, the KV slots the batch reads that the lender's mirror lacks (home to
+  lender, its KV heads only), then the KV the lender wrote for the new tokens (lender to home);
+- each rank's partial sum, all-reduced.
+
+Mirrors: a lender keeps, per replica pool, a mirror of its rank's KV heads (`wide.Mirror`'s
+layout). Home keeps what each lender's mirror holds (per layer and slot: in sync or not), marks
+slots stale when it writes them itself (a home-only stage, a step run at home, KV moved in) and
+in sync when it sends them or receives them back, so a slot crosses once per write. The driver
+tells home to forget a lender's mirror when the lender's shards of the tenant go.
+
+Shards: a lender cuts its shards from the tenant's whole model built in its own process from the
+recipe (`ModelRecipe`: its seed or checkpoint), kept while any of its shards is staged there.
+Process groups connect through a TCP store the driver's `DeviceWorkers` hosts on loopback: the
+workers of one host (a local Ray cluster) make wide steps; a union over hosts would not connect.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from slicesched.decisions import StepInputs
+from slicesched.executor.collectives import make_group
+from slicesched.executor.serving import PagedModel, StepState, slots_of
+from slicesched.executor.wide import (Mirror, StagedShard, cut_shard, kv_heads_of, q_heads_of, rank_part,
+                                      rank_partial)
+
+_HEADER, _IDX, _K, _V, _K_HOME, _V_HOME = range(6)  # gloo tags of the messages
+
+
+@dataclass(frozen=True, slots=True)
+class WidePlan:
+    """One step's wide stages: the union's devices in rank order (home first) and the stages."""
+
+    order: tuple[int, ...]
+    stages: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteShard:
+    """A shard staged on a lender's worker, as the driver knows it (its weights live there)."""
+
+    rank: int
+    degree: int
+    nbytes: float
+
+
+@dataclass(slots=True)
+class WideWork:
+    """What one rank's part of a wide step did (summed into the driver's `WideStats`)."""
+
+    ran: bool = False  # every rank voted yes: the plan's stages ran wide
+    kv_to_mirror_bytes: float = 0.0
+    kv_home_bytes: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkerWide:
+    """One worker's part in wide steps: as a lender, its staged shards, the whole models they
+    were cut from, and its mirrors; as a home, what each lender's mirror holds; its process groups."""
+
+    torch_device: str
+    shards: dict[str, dict[int, StagedShard]] = field(default_factory=dict)  # tenant -> block -> shard
+    whole: dict[str, PagedModel] = field(default_factory=dict)  # tenant -> model its shards were cut from
+    mirrors: dict[tuple, Mirror] = field(default_factory=dict)  # pool key -> this lender's mirror
+    synced: dict[tuple[tuple, int], list[torch.Tensor]] = field(default_factory=dict)  # (pool, lender) -> per layer
+    groups: dict[tuple[int, ...], dist.Backend] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def connect(self, order: tuple[int, ...], rank: int, name: str, host: str, port: int) -> None:
+        """Join the union's process group `name` (every rank calls this at once; blocks until
+        all have), replacing any earlier group of the same devices."""
+        store = dist.PrefixStore(name + "/", dist.TCPStore(host, port, is_master=False))
+        pg = make_group(store, rank, len(order), [torch.device(self.torch_device)] * len(order))
+        with self.lock:
+            self.groups[order] = pg
+
+    def stage(self, tenant: str, build, block: int, rank: int, degree: int) -> float:
+        """Cut rank `rank` of `degree`'s shard of `block` here (`build()`: the tenant's whole
+        model in this process, made once); returns its bytes."""
+        with self.lock:
+            whole = self.whole.get(tenant)
+        if whole is None:
+            whole = PagedModel(build())
+        with torch.inference_mode():
+            shard = cut_shard(whole, block, rank, degree, torch.device(self.torch_device))
+        with self.lock:
+            self.whole.setdefault(tenant, whole)
+            self.shards.setdefault(tenant, {})[block] = shard
+        return float(shard.nbytes)
+
+    def release(self, tenant: str, block: int) -> None:
+        """Drop a shard; with the tenant's last one go its whole model and its mirrors here."""
+        with self.lock:
+            held = self.shards.get(tenant, {})
+            held.pop(block, None)
+            if not held:
+                self.shards.pop(tenant, None)
+                self.whole.pop(tenant, None)
+                for key in [k for k in self.mirrors if k[0] == tenant]:
+                    del self.mirrors[key]
+
+    def forget(self, tenant: str, lender: int) -> None:
+        """As a home: the lender's mirrors of the tenant's pools are gone (its shards were evicted)."""
+        with self.lock:
+            for key in [k for k in self.synced if k[0][0] == tenant and k[1] == lender]:
+                del self.synced[key]
+
+    def written(self, pool: tuple, inputs: StepInputs | None = None, slots: torch.Tensor | None = None,
+                layer: int | None = None) -> None:
+        """As a home: these slots of `pool` (the new tokens of `inputs`, or `slots`) were written
+        here, in layer `layer` or all: every lender's mirror lacks them."""
+        with self.lock:
+            marks = [m for (k, _), m in self.synced.items() if k == pool]
+        if not marks:
+            return
+        if slots is None:
+            assert inputs is not None
+            slots = torch.cat([slots_of(t, c + len(f), inputs.block_tokens)[c:] for t, c, f in
+                               zip(inputs.block_tables, inputs.context_lens_before, inputs.token_ids)])
+        with torch.inference_mode():  # the marks are made in a step, as inference tensors
+            for per_layer in marks:
+                for m in (per_layer if layer is None else per_layer[layer:layer + 1]):
+                    m[slots] = False
+
+    # ---- a wide step ----------------------------------------------------------------------
+    def run_home(self, model: PagedModel, inputs: StepInputs, plan: WidePlan, clock
+                 ) -> tuple[tuple[int, ...], list[float], WideWork]:
+        """Rank 0's step: every stage, the plan's over the union if all ranks agree. Returns each
+        entry's token, each stage's end (`clock()`) and what it did."""
+        pg, work, ends = self.groups[plan.order], WideWork(), []
+        wide = set(plan.stages)
+        with torch.inference_mode():
+            st = model.prepare(inputs)
+            ends.append(clock())
+            work.ran = _vote(pg, True)
+            fresh = False  # do the lenders hold st.h as it is now?
+            for i in range(1, model.num_stages - 1):
+                layer = (i - 1) // 2
+                if work.ran and i in wide:
+                    if not fresh:
+                        pg.broadcast(st.h, 0).wait()
+                    if i % 2:
+                        self._send_kv(pg, model, plan, st, layer, work)
+                    norm, w = rank_part(model, i, 0, len(plan.order))
+                    y = rank_partial(model, i, norm, w, st, st.pool[layer] if i % 2 else None, 0, len(plan.order),
+                                     st.new)
+                    pg.allreduce([y]).wait()
+                    if i % 2:
+                        self._take_kv(pg, model, plan, st, layer, work)
+                    st.h, fresh = st.h + y, True
+                else:
+                    model.stage(i, st)
+                    fresh = False
+                    if i % 2:
+                        self.written(st.key, slots=st.new.cpu(), layer=layer)
+                ends.append(clock())
+            out = model.finish(st)
+        ends.append(clock())
+        return out, ends, work
+
+    def run_lender(self, tenant: str, inputs: StepInputs, plan: WidePlan, rank: int, can: bool) -> WideWork:
+        """Rank `rank`'s part of a wide step (`can`: its driver found room for its activations)."""
+        pg, work, degree = self.groups[plan.order], WideWork(), len(plan.order)
+        with self.lock:
+            held, whole = dict(self.shards.get(tenant, {})), self.whole.get(tenant)
+        ok = can and whole is not None and all(
+            (s := held.get(i - 1)) is not None and s.rank == rank and s.degree == degree for i in plan.stages)
+        work.ran = _vote(pg, ok)
+        if not work.ran:
+            return work
+        assert whole is not None
+        dev = torch.device(self.torch_device)
+        with torch.inference_mode():
+            tokens = sum(len(f) for f in inputs.token_ids)
+            h = torch.empty(1, tokens, whole.model.config.hidden_size, dtype=whole.dtype, device=dev)
+            layout, new, cos, sin = whole.frame(inputs, h)
+            st = StepState(inputs.pool, [], layout, new, cos, sin, h)
+            before = -1
+            for i in sorted(plan.stages):
+                if before != i - 1:
+                    pg.broadcast(st.h, 0).wait()
+                shard = held[i - 1]
+                kv = None
+                if i % 2:
+                    mirror = self._mirror_synced(pg, whole, inputs, st, rank, degree, (i - 1) // 2, work)
+                    kv = mirror.pool[(i - 1) // 2]
+                y = rank_partial(whole, i, shard.norm, shard.weights, st, kv, rank, degree, st.new)
+                pg.allreduce([y]).wait()
+                if i % 2:
+                    k, v = kv
+                    pg.send([k[st.new].contiguous()], 0, _K_HOME).wait()
+                    pg.send([v[st.new].contiguous()], 0, _V_HOME).wait()
+                    work.kv_home_bytes += 2 * k[st.new].numel() * k.element_size()
+                st.h, before = st.h + y, i
+        return work
+
+    # ---- KV between home and mirrors ------------------------------------------------------
+    def _marks(self, pool: tuple, lender: int, layers: int, slots: int) -> list[torch.Tensor]:
+        with self.lock:
+            m = self.synced.get((pool, lender))
+            if m is None or m[0].shape[0] != slots:  # a new (or resized) pool: the mirror holds nothing of it
+                m = self.synced[(pool, lender)] = [torch.zeros(slots, dtype=torch.bool) for _ in range(layers)]
+            return m
+
+    def _send_kv(self, pg, model: PagedModel, plan: WidePlan, st: StepState, layer: int, work: WideWork) -> None:
+        """To each lender, the slots this attention reads that its mirror lacks (its KV heads)."""
+        hk, hv = st.pool[layer]
+        read = st.layout.read
+        for rank, lender in enumerate(plan.order[1:], 1):
+            heads = _kv_heads(model, rank, len(plan.order))
+            marks = self._marks(st.key, lender, len(st.pool), hk.shape[0])
+            stale = read[~marks[layer][read]].unique()
+            pg.send([torch.tensor([len(stale), hk.shape[0]])], rank, _HEADER).wait()
+            if len(stale):
+                at = stale.to(hk.device)
+                pg.send([stale.clone()], rank, _IDX).wait()
+                pg.send([hk[at, heads.start:heads.stop].contiguous()], rank, _K).wait()
+                pg.send([hv[at, heads.start:heads.stop].contiguous()], rank, _V).wait()
+                marks[layer][stale] = True
+                work.kv_to_mirror_bytes += 2 * len(stale) * len(heads) * hk.shape[-1] * hk.element_size()
+
+    def _take_kv(self, pg, model: PagedModel, plan: WidePlan, st: StepState, layer: int, work: WideWork) -> None:
+        """From each lender, the KV its heads wrote for the new tokens, into home's pool."""
+        hk, hv = st.pool[layer]
+        new = st.new
+        for rank, lender in enumerate(plan.order[1:], 1):
+            heads = _kv_heads(model, rank, len(plan.order))
+            k = torch.empty(len(new), len(heads), hk.shape[-1], dtype=hk.dtype, device=hk.device)
+            v = torch.empty_like(k)
+            pg.recv([k], rank, _K_HOME).wait()
+            pg.recv([v], rank, _V_HOME).wait()
+            hk[new, heads.start:heads.stop] = k
+            hv[new, heads.start:heads.stop] = v
+            self._marks(st.key, lender, len(st.pool), hk.shape[0])[layer][new.cpu()] = True
+
+    def _mirror_synced(self, pg, whole: PagedModel, inputs: StepInputs, st: StepState, rank: int, degree: int,
+                       layer: int, work: WideWork) -> Mirror:
+        """This lender's mirror of the step's pool, with the slots home sent for this layer."""
+        header = torch.zeros(2, dtype=torch.long)
+        pg.recv([header], 0, _HEADER).wait()
+        stale, slots = int(header[0]), int(header[1])
+        heads = _kv_heads(whole, rank, degree)
+        dev = torch.device(self.torch_device)
+        with self.lock:
+            m = self.mirrors.get(inputs.pool)
+            if m is None or m.heads != heads or m.pool[0][0].shape[0] != slots:
+                shape = (slots, len(heads), whole.head_dim)
+                m = Mirror(heads, [(torch.empty(shape, dtype=whole.dtype, device=dev),
+                                    torch.empty(shape, dtype=whole.dtype, device=dev))
+                                   for _ in whole.inner.layers], [])
+                self.mirrors[inputs.pool] = m
+        if stale:
+            idx = torch.empty(stale, dtype=torch.long)
+            k = torch.empty(stale, len(heads), whole.head_dim, dtype=whole.dtype, device=dev)
+            v = torch.empty_like(k)
+            pg.recv([idx], 0, _IDX).wait()
+            pg.recv([k], 0, _K).wait()
+            pg.recv([v], 0, _V).wait()
+            mk, mv = m.pool[layer]
+            mk[idx.to(dev)] = k
+            mv[idx.to(dev)] = v
+        return m
+
+
+def _kv_heads(model: PagedModel, rank: int, degree: int) -> range:
+    return kv_heads_of(q_heads_of(rank, degree, model.heads), model.heads // model.kv_heads)
+
+
+def _vote(pg, ok: bool) -> bool:
+    """True when every rank of the group says yes (an all-reduce of the refusals)."""
+    nays = torch.tensor([0 if ok else 1])
+    pg.allreduce([nays]).wait()
+    return int(nays[0]) == 0
