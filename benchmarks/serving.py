@@ -11,9 +11,9 @@ device's models run in a process of its own (a Ray actor of a local cluster, `ex
 as a GPU server runs a process per GPU; SliceScheduler's shard loans go across the processes,
 `executor/remote_wide.py`); `--threads` runs them as threads of this process, where the driver's
 Python holds the interpreter lock the device threads' steps wait for between kernels
-(`benchmarks/step_overhead.py`'s `step_beside_python_*`: on 2 cores a step took 1.2x as long
-beside a thread running Python a quarter of the time, 2.2x half of it), which the prediction
-does not model. On CUDA the three
+(`benchmarks/step_overhead.py`'s `step_beside_python_*`: on 2 cores a step took 1.1-1.2x as
+long beside a thread running Python a quarter of the time, 2.2-2.4x half of it), which the
+prediction does not model. On CUDA the three
 devices share one GPU, so they are threads (`--ray` would give each worker a GPU of its own). The hot tenant's
 long prompts keep its device busy; the calm ones idle until a burst at 2.5 s takes their devices
 back. Under `slicesched` the loans happen (staged shards, an overflow replica loaded from host
