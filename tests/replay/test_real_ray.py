@@ -82,6 +82,25 @@ def test_slicesched_serves_on_device_workers_with_eager_tokens(cluster, setup, e
     assert _outputs(run.result) == _outputs(fault_free[1])
 
 
+def test_slicesched_loans_run_across_worker_processes_and_every_token_is_eager(cluster, tmp_path):
+    """The loan scenario on three worker processes: shards staged on a lender's worker, an
+    overflow replica loaded on another and stopped by its lender's burst, its running requests
+    moved home with their KV; every request's tokens are eager's."""
+    loans = real_setup(load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "loans_cpu.toml"),
+                       tmp_path / "served")
+    for _ in range(3):  # on a wall clock, a loaded machine shifts when the scheduler's rules fire
+        workers = device_workers(loans, cpus=0.5)
+        try:
+            run = serve(loans, "slicesched", workers=workers)
+        finally:
+            workers.close()
+        if run.loans["shards_staged"] and run.loans["kv_requests_moved_bytes"]:
+            break
+    done = run.loans
+    assert done["shards_staged"] >= 1 and done["models_loaded"] >= 1 and done["kv_requests_moved_bytes"] > 0
+    assert _all_served(run.result) and mismatches(run.result.requests, eager_models(loans)) == []
+
+
 def test_a_worker_killed_mid_run_loses_no_request(cluster, setup, fault_free):
     """Device 0's worker dies 0.5 s in, with requests on it: they wait for the worker Ray restarts,
     are recomputed there, and every output equals the fault-free run's."""
