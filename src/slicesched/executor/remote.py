@@ -106,7 +106,8 @@ class DeviceWorker:
 
     def stage_shard(self, tenant: str, block: int, rank: int, degree: int) -> float:
         """Stage rank `rank` of `degree`'s shard of a weight block here; returns its bytes."""
-        return self.wide.stage(tenant, lambda: self.recipes[tenant].build(self.torch_device), block, rank, degree)
+        # the whole model in this process's host memory (a GPU's memory holds only what is charged)
+        return self.wide.stage(tenant, lambda: self.recipes[tenant].build("cpu"), block, rank, degree)
 
     def release_shard(self, tenant: str, block: int) -> None:
         self.wide.release(tenant, block)

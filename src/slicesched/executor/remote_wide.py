@@ -21,8 +21,9 @@ slots stale when it writes them itself (a home-only stage, a step run at home, K
 in sync when it sends them or receives them back, so a slot crosses once per write. The driver
 tells home to forget a lender's mirror when the lender's shards of the tenant go.
 
-Shards: a lender cuts its shards from the tenant's whole model built in its own process from the
-recipe (`ModelRecipe`: its seed or checkpoint), kept while any of its shards is staged there.
+Shards: a lender cuts its shards from the tenant's whole model built in its own process's host
+memory from the recipe (`ModelRecipe`: its seed or checkpoint), kept while any of its shards is
+staged there; only the shards go to its device.
 Process groups connect through a TCP store the driver's `DeviceWorkers` hosts on loopback: the
 workers of one host (a local Ray cluster) make wide steps; a union over hosts would not connect.
 """
@@ -190,9 +191,11 @@ class WorkerWide:
         dev = torch.device(self.torch_device)
         with torch.inference_mode():
             tokens = sum(len(f) for f in inputs.token_ids)
-            h = torch.empty(1, tokens, whole.model.config.hidden_size, dtype=whole.dtype, device=dev)
-            layout, new, cos, sin = whole.frame(inputs, h)
+            h = torch.empty(1, tokens, whole.model.config.hidden_size, dtype=whole.dtype, device=whole.device)
+            layout, new, cos, sin = whole.frame(inputs, h)  # on the whole model's device (host memory)
             st = StepState(inputs.pool, [], layout, new, cos, sin, h)
+            if dev != whole.device:
+                st = StepState(inputs.pool, [], layout.to(dev), new.to(dev), cos.to(dev), sin.to(dev), h.to(dev))
             before = -1
             for i in sorted(plan.stages):
                 if before != i - 1:
