@@ -118,11 +118,18 @@ class DeviceWorker:
     def run_wide(self, tenant: str, inputs: StepInputs, plan: WidePlan) -> tuple[tuple[int, ...], list[float], WideWork]:
         """`run`, the plan's stages tensor-parallel with the lenders' workers (`join_wide`)."""
         t0 = time.perf_counter()
-        return self.wide.run_home(self._model(tenant), inputs, plan, lambda: time.perf_counter() - t0)
+        model = self._model(tenant)
+        self._connected(plan)
+        return self.wide.run_home(model, inputs, plan, lambda: time.perf_counter() - t0)
 
     def join_wide(self, tenant: str, inputs: StepInputs, plan: WidePlan, rank: int, can: bool) -> WideWork:
         """This lender's part (rank `rank`) of a wide step its home runs (`run_wide`)."""
+        self._connected(plan)
         return self.wide.run_lender(tenant, inputs, plan, rank, can)
+
+    def _connected(self, plan: WidePlan) -> None:
+        if plan.order not in self.wide.groups:  # a new process after a restart the driver has not noticed
+            raise NotHere(f"device {self.index} (process {os.getpid()}) is in no process group of {plan.order}")
 
     def read_kv(self, tenant: str, key: tuple, slots: torch.Tensor) -> list:
         return self._model(tenant).read_kv(key, slots)
@@ -241,11 +248,12 @@ class DeviceWorkers:
         import torch.distributed as dist
         from ray.exceptions import RayActorError
 
+        with self._lock:
+            if self._groups.get(order) == tuple(self.pids[d] for d in order):
+                return
         self._alive(order)  # a rank that died would leave the others waiting in the store
         with self._lock:
             pids = tuple(self.pids[d] for d in order)
-            if self._groups.get(order) == pids:
-                return
             if self._store is None:
                 self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             self._unions += 1
@@ -335,3 +343,4 @@ class DeviceWorkers:
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
+        self._store = None  # its server stops with it
