@@ -12,6 +12,7 @@ from step_helpers import PROMPT, Seq, served_backend, stage_shards, wait_landed
 from slicesched.decisions import SchedulerDecision, SlicePlacement, WeightEviction
 from slicesched.executor.remote import DeviceWorkers
 from slicesched.executor.serving import build_model, greedy_reference, scaled_config, shipped_config
+from slicesched.gmg import block_weight_bytes
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time, on one test worker
@@ -93,6 +94,25 @@ def test_mlp_only_steps_over_two_worker_processes_give_eager_tokens(remote, eage
     rep = be.loan_report()
     assert seq.output() == greedy_reference(eager, PROMPT, 4)
     assert rep["mlp_only_iterations"] == 3 and rep["whole_iterations"] == 0 and rep["wide_fallbacks"] == 0
+
+
+def test_a_lender_without_room_for_a_wide_steps_activations_votes_it_home(eager):
+    """The lender's budget holds its shards and not a step's activations: its driver finds no
+    room, it votes no, and home runs the step alone; the budget is never overrun."""
+    spec = served_backend(devices=1)[1]
+    shards = float(sum(block_weight_bytes(spec, 2)))
+    be, spec, ex = served_backend(budgets=(float("inf"), shards + 1024),
+                                  workers=lambda recipes, n: DeviceWorkers(recipes, n, cpus=0.5))
+    try:
+        seq, _ = _staged(be, spec)
+        seq.run(be.gmg.cluster.group_id((0, 1)))
+        rep = be.loan_report()
+        assert seq.output() == greedy_reference(eager, PROMPT, 2)
+        assert rep["wide_stages"] == 0 and rep["wide_fallbacks"] > 0
+        assert ex.devices[1].peak <= shards + 1024
+    finally:
+        be.workers.close()
+        ex.close()
 
 
 def test_a_step_on_a_union_whose_lender_holds_no_shard_runs_at_home(remote, eager):
