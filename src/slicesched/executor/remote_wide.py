@@ -18,8 +18,12 @@ crosses between the processes is:
 Mirrors: a lender keeps, per replica pool, a mirror of its rank's KV heads (`wide.Mirror`'s
 layout). Home keeps what each lender's mirror holds (per layer and slot: in sync or not), marks
 slots stale when it writes them itself (a home-only stage, a step run at home, KV moved in) and
-in sync when it sends them or receives them back, so a slot crosses once per write. The driver
-tells home to forget a lender's mirror when the lender's shards of the tenant go.
+in sync when it sends them or receives them back, so a slot crosses once per write. A wide step
+with attention stages opens with a handshake: home sends its pool's size, each lender makes its
+mirror that size if it is not and answers with the mirror's identity (its process and a
+counter); an identity home has not seen (a mirror made anew: a restarted process, a resized
+pool, shards staged again) makes home take that mirror as empty. The driver also tells home to
+forget a lender's mirror when the lender's shards of the tenant go.
 
 Shards: a lender cuts its shards from the tenant's whole model built in its own process's host
 memory from the recipe (`ModelRecipe`: its seed or checkpoint), kept while any of its shards is
@@ -30,6 +34,8 @@ workers of one host (a local Ray cluster) make wide steps; a union over hosts wo
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -42,7 +48,8 @@ from slicesched.executor.serving import PagedModel, StepState, slots_of
 from slicesched.executor.wide import (Mirror, StagedShard, cut_shard, kv_heads_of, q_heads_of, rank_part,
                                       rank_partial)
 
-_HEADER, _IDX, _K, _V, _K_HOME, _V_HOME = range(6)  # gloo tags of the messages
+_SLOTS, _MIRROR, _STALE, _IDX, _K, _V, _K_HOME, _V_HOME = range(8)  # gloo tags of the messages
+_mirror_ids = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +87,9 @@ class WorkerWide:
     shards: dict[str, dict[int, StagedShard]] = field(default_factory=dict)  # tenant -> block -> shard
     whole: dict[str, PagedModel] = field(default_factory=dict)  # tenant -> model its shards were cut from
     mirrors: dict[tuple, Mirror] = field(default_factory=dict)  # pool key -> this lender's mirror
+    mirror_ids: dict[tuple, int] = field(default_factory=dict)  # pool key -> this lender's mirror's identity
     synced: dict[tuple[tuple, int], list[torch.Tensor]] = field(default_factory=dict)  # (pool, lender) -> per layer
+    seen: dict[tuple[tuple, int], int] = field(default_factory=dict)  # (pool, lender) -> the mirror `synced` is of
     groups: dict[tuple[int, ...], dist.Backend] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -116,13 +125,14 @@ class WorkerWide:
                 self.shards.pop(tenant, None)
                 self.whole.pop(tenant, None)
                 for key in [k for k in self.mirrors if k[0] == tenant]:
-                    del self.mirrors[key]
+                    del self.mirrors[key], self.mirror_ids[key]
 
     def forget(self, tenant: str, lender: int) -> None:
         """As a home: the lender's mirrors of the tenant's pools are gone (its shards were evicted)."""
         with self.lock:
             for key in [k for k in self.synced if k[0][0] == tenant and k[1] == lender]:
                 del self.synced[key]
+                self.seen.pop(key, None)
 
     def written(self, pool: tuple, inputs: StepInputs | None = None, slots: torch.Tensor | None = None,
                 layer: int | None = None) -> None:
@@ -152,6 +162,8 @@ class WorkerWide:
             st = model.prepare(inputs)
             ends.append(clock())
             work.ran = _vote(pg, True)
+            if work.ran and any(i % 2 for i in wide):
+                self._handshake_home(pg, plan, st)
             fresh = False  # do the lenders hold st.h as it is now?
             for i in range(1, model.num_stages - 1):
                 layer = (i - 1) // 2
@@ -196,6 +208,8 @@ class WorkerWide:
             st = StepState(inputs.pool, [], layout, new, cos, sin, h)
             if dev != whole.device:
                 st = StepState(inputs.pool, [], layout.to(dev), new.to(dev), cos.to(dev), sin.to(dev), h.to(dev))
+            mirror = self._handshake_lender(pg, whole, inputs.pool, rank, degree) if any(
+                i % 2 for i in plan.stages) else None
             before = -1
             for i in sorted(plan.stages):
                 if before != i - 1:
@@ -203,7 +217,8 @@ class WorkerWide:
                 shard = held[i - 1]
                 kv = None
                 if i % 2:
-                    mirror = self._mirror_synced(pg, whole, inputs, st, rank, degree, (i - 1) // 2, work)
+                    assert mirror is not None
+                    self._take_stale(pg, mirror, (i - 1) // 2, dev)
                     kv = mirror.pool[(i - 1) // 2]
                 y = rank_partial(whole, i, shard.norm, shard.weights, st, kv, rank, degree, st.new)
                 pg.allreduce([y]).wait()
@@ -231,7 +246,7 @@ class WorkerWide:
             heads = _kv_heads(model, rank, len(plan.order))
             marks = self._marks(st.key, lender, len(st.pool), hk.shape[0])
             stale = read[~marks[layer][read]].unique()
-            pg.send([torch.tensor([len(stale), hk.shape[0]])], rank, _HEADER).wait()
+            pg.send([torch.tensor([len(stale)])], rank, _STALE).wait()
             if len(stale):
                 at = stale.to(hk.device)
                 pg.send([stale.clone()], rank, _IDX).wait()
@@ -254,33 +269,53 @@ class WorkerWide:
             hv[new, heads.start:heads.stop] = v
             self._marks(st.key, lender, len(st.pool), hk.shape[0])[layer][new.cpu()] = True
 
-    def _mirror_synced(self, pg, whole: PagedModel, inputs: StepInputs, st: StepState, rank: int, degree: int,
-                       layer: int, work: WideWork) -> Mirror:
-        """This lender's mirror of the step's pool, with the slots home sent for this layer."""
-        header = torch.zeros(2, dtype=torch.long)
-        pg.recv([header], 0, _HEADER).wait()
-        stale, slots = int(header[0]), int(header[1])
-        heads = _kv_heads(whole, rank, degree)
-        dev = torch.device(self.torch_device)
+    def _handshake_home(self, pg, plan: WidePlan, st: StepState) -> None:
+        """Home's side: its pool's size to each lender; a mirror identity not seen before, its marks anew."""
+        slots = st.pool[0][0].shape[0]
+        for rank, lender in enumerate(plan.order[1:], 1):
+            pg.send([torch.tensor([slots])], rank, _SLOTS).wait()
+            ident = torch.zeros(1, dtype=torch.long)
+            pg.recv([ident], rank, _MIRROR).wait()
+            with self.lock:
+                if self.seen.get((st.key, lender)) != int(ident[0]):
+                    self.seen[(st.key, lender)] = int(ident[0])
+                    self.synced.pop((st.key, lender), None)  # `_marks` makes them anew: nothing held
+
+    def _handshake_lender(self, pg, whole: PagedModel, pool: tuple, rank: int, degree: int) -> Mirror:
+        """A lender's side: its mirror of `pool`, made anew at home's size if it is not that size
+        (or holds other heads), its identity sent home."""
+        size = torch.zeros(1, dtype=torch.long)
+        pg.recv([size], 0, _SLOTS).wait()
+        slots, heads = int(size[0]), _kv_heads(whole, rank, degree)
         with self.lock:
-            m = self.mirrors.get(inputs.pool)
+            m = self.mirrors.get(pool)
             if m is None or m.heads != heads or m.pool[0][0].shape[0] != slots:
+                dev = torch.device(self.torch_device)
                 shape = (slots, len(heads), whole.head_dim)
-                m = Mirror(heads, [(torch.empty(shape, dtype=whole.dtype, device=dev),
-                                    torch.empty(shape, dtype=whole.dtype, device=dev))
-                                   for _ in whole.inner.layers], [])
-                self.mirrors[inputs.pool] = m
-        if stale:
-            idx = torch.empty(stale, dtype=torch.long)
-            k = torch.empty(stale, len(heads), whole.head_dim, dtype=whole.dtype, device=dev)
-            v = torch.empty_like(k)
-            pg.recv([idx], 0, _IDX).wait()
-            pg.recv([k], 0, _K).wait()
-            pg.recv([v], 0, _V).wait()
-            mk, mv = m.pool[layer]
-            mk[idx.to(dev)] = k
-            mv[idx.to(dev)] = v
+                m = self.mirrors[pool] = Mirror(heads, [(torch.empty(shape, dtype=whole.dtype, device=dev),
+                                                         torch.empty(shape, dtype=whole.dtype, device=dev))
+                                                        for _ in whole.inner.layers], [])
+                self.mirror_ids[pool] = os.getpid() * 1_000_000 + next(_mirror_ids)
+            ident = self.mirror_ids[pool]
+        pg.send([torch.tensor([ident])], 0, _MIRROR).wait()
         return m
+
+    def _take_stale(self, pg, m: Mirror, layer: int, dev: torch.device) -> None:
+        """A lender's side: the slots home sent for this layer, into the mirror."""
+        n = torch.zeros(1, dtype=torch.long)
+        pg.recv([n], 0, _STALE).wait()
+        stale = int(n[0])
+        if not stale:
+            return
+        mk, mv = m.pool[layer]
+        idx = torch.empty(stale, dtype=torch.long)
+        k = torch.empty(stale, *mk.shape[1:], dtype=mk.dtype, device=dev)
+        v = torch.empty_like(k)
+        pg.recv([idx], 0, _IDX).wait()
+        pg.recv([k], 0, _K).wait()
+        pg.recv([v], 0, _V).wait()
+        mk[idx.to(dev)] = k
+        mv[idx.to(dev)] = v
 
 
 def _kv_heads(model: PagedModel, rank: int, degree: int) -> range:
