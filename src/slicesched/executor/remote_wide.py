@@ -12,7 +12,8 @@ crosses between the processes is:
 - the hidden state, broadcast from home before a wide stage that follows a home-only one (after
   a wide stage every rank already holds the same sum);
 - for an attention stage, the KV slots the batch reads that the lender's mirror lacks (home to
-  lender, its KV heads only), then the KV the lender wrote for the new tokens (lender to home);
+  lender, its KV heads only), then the KV the lender wrote for the new tokens (lender to home):
+  point to point, through host memory (gloo sends only CPU tensors);
 - each rank's partial sum, all-reduced.
 
 Mirrors: a lender keeps, per replica pool, a mirror of its rank's KV heads (`wide.Mirror`'s
@@ -224,8 +225,8 @@ class WorkerWide:
                 pg.allreduce([y]).wait()
                 if i % 2:
                     k, v = kv
-                    pg.send([k[st.new].contiguous()], 0, _K_HOME).wait()
-                    pg.send([v[st.new].contiguous()], 0, _V_HOME).wait()
+                    pg.send([k[st.new].cpu().contiguous()], 0, _K_HOME).wait()
+                    pg.send([v[st.new].cpu().contiguous()], 0, _V_HOME).wait()
                     work.kv_home_bytes += 2 * k[st.new].numel() * k.element_size()
                 st.h, before = st.h + y, i
         return work
@@ -250,8 +251,8 @@ class WorkerWide:
             if len(stale):
                 at = stale.to(hk.device)
                 pg.send([stale.clone()], rank, _IDX).wait()
-                pg.send([hk[at, heads.start:heads.stop].contiguous()], rank, _K).wait()
-                pg.send([hv[at, heads.start:heads.stop].contiguous()], rank, _V).wait()
+                pg.send([hk[at, heads.start:heads.stop].cpu().contiguous()], rank, _K).wait()
+                pg.send([hv[at, heads.start:heads.stop].cpu().contiguous()], rank, _V).wait()
                 marks[layer][stale] = True
                 work.kv_to_mirror_bytes += 2 * len(stale) * len(heads) * hk.shape[-1] * hk.element_size()
 
@@ -261,12 +262,12 @@ class WorkerWide:
         new = st.new
         for rank, lender in enumerate(plan.order[1:], 1):
             heads = _kv_heads(model, rank, len(plan.order))
-            k = torch.empty(len(new), len(heads), hk.shape[-1], dtype=hk.dtype, device=hk.device)
+            k = torch.empty(len(new), len(heads), hk.shape[-1], dtype=hk.dtype)
             v = torch.empty_like(k)
             pg.recv([k], rank, _K_HOME).wait()
             pg.recv([v], rank, _V_HOME).wait()
-            hk[new, heads.start:heads.stop] = k
-            hv[new, heads.start:heads.stop] = v
+            hk[new, heads.start:heads.stop] = k.to(hk.device)
+            hv[new, heads.start:heads.stop] = v.to(hv.device)
             self._marks(st.key, lender, len(st.pool), hk.shape[0])[layer][new.cpu()] = True
 
     def _handshake_home(self, pg, plan: WidePlan, st: StepState) -> None:
@@ -309,13 +310,13 @@ class WorkerWide:
             return
         mk, mv = m.pool[layer]
         idx = torch.empty(stale, dtype=torch.long)
-        k = torch.empty(stale, *mk.shape[1:], dtype=mk.dtype, device=dev)
+        k = torch.empty(stale, *mk.shape[1:], dtype=mk.dtype)
         v = torch.empty_like(k)
         pg.recv([idx], 0, _IDX).wait()
         pg.recv([k], 0, _K).wait()
         pg.recv([v], 0, _V).wait()
-        mk[idx.to(dev)] = k
-        mv[idx.to(dev)] = v
+        mk[idx.to(dev)] = k.to(dev)
+        mv[idx.to(dev)] = v.to(dev)
 
 
 def _kv_heads(model: PagedModel, rank: int, degree: int) -> range:
