@@ -49,7 +49,7 @@ from slicesched.executor.serving import PagedModel, StepState, slots_of
 from slicesched.executor.wide import (Mirror, StagedShard, cut_shard, kv_heads_of, q_heads_of, rank_part,
                                       rank_partial)
 
-_SLOTS, _MIRROR, _STALE, _IDX, _K, _V, _K_HOME, _V_HOME = range(8)  # gloo tags of the messages
+_SLOTS, _MIRROR, _STALE, _IDX, _KV, _KV_HOME = range(6)  # gloo tags of the messages
 _mirror_ids = itertools.count(1)
 
 
@@ -225,8 +225,7 @@ class WorkerWide:
                 pg.allreduce([y]).wait()
                 if i % 2:
                     k, v = kv
-                    pg.send([k[st.new].cpu().contiguous()], 0, _K_HOME).wait()
-                    pg.send([v[st.new].cpu().contiguous()], 0, _V_HOME).wait()
+                    pg.send([torch.stack([k[st.new], v[st.new]]).cpu()], 0, _KV_HOME).wait()
                     work.kv_home_bytes += 2 * k[st.new].numel() * k.element_size()
                 st.h, before = st.h + y, i
         return work
@@ -251,8 +250,8 @@ class WorkerWide:
             if len(stale):
                 at = stale.to(hk.device)
                 pg.send([stale.clone()], rank, _IDX).wait()
-                pg.send([hk[at, heads.start:heads.stop].cpu().contiguous()], rank, _K).wait()
-                pg.send([hv[at, heads.start:heads.stop].cpu().contiguous()], rank, _V).wait()
+                pg.send([torch.stack([hk[at, heads.start:heads.stop], hv[at, heads.start:heads.stop]]).cpu()],
+                        rank, _KV).wait()
                 marks[layer][stale] = True
                 work.kv_to_mirror_bytes += 2 * len(stale) * len(heads) * hk.shape[-1] * hk.element_size()
 
@@ -262,12 +261,11 @@ class WorkerWide:
         new = st.new
         for rank, lender in enumerate(plan.order[1:], 1):
             heads = _kv_heads(model, rank, len(plan.order))
-            k = torch.empty(len(new), len(heads), hk.shape[-1], dtype=hk.dtype)
-            v = torch.empty_like(k)
-            pg.recv([k], rank, _K_HOME).wait()
-            pg.recv([v], rank, _V_HOME).wait()
-            hk[new, heads.start:heads.stop] = k.to(hk.device)
-            hv[new, heads.start:heads.stop] = v.to(hv.device)
+            kv = torch.empty(2, len(new), len(heads), hk.shape[-1], dtype=hk.dtype)
+            pg.recv([kv], rank, _KV_HOME).wait()
+            kv = kv.to(hk.device)
+            hk[new, heads.start:heads.stop] = kv[0]
+            hv[new, heads.start:heads.stop] = kv[1]
             self._marks(st.key, lender, len(st.pool), hk.shape[0])[layer][new.cpu()] = True
 
     def _handshake_home(self, pg, plan: WidePlan, st: StepState) -> None:
@@ -310,13 +308,12 @@ class WorkerWide:
             return
         mk, mv = m.pool[layer]
         idx = torch.empty(stale, dtype=torch.long)
-        k = torch.empty(stale, *mk.shape[1:], dtype=mk.dtype)
-        v = torch.empty_like(k)
+        kv = torch.empty(2, stale, *mk.shape[1:], dtype=mk.dtype)
         pg.recv([idx], 0, _IDX).wait()
-        pg.recv([k], 0, _K).wait()
-        pg.recv([v], 0, _V).wait()
-        mk[idx.to(dev)] = k.to(dev)
-        mv[idx.to(dev)] = v.to(dev)
+        pg.recv([kv], 0, _KV).wait()
+        kv, at = kv.to(dev), idx.to(dev)
+        mk[at] = kv[0]
+        mv[at] = kv[1]
 
 
 def _kv_heads(model: PagedModel, rank: int, degree: int) -> range:
