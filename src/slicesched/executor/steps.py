@@ -542,9 +542,13 @@ class ModelSteps:
     # ---- KV of requests moving between replicas ---------------------------------------------
     def save_kv(self, pool: tuple, device: int, table: tuple[int, ...], tokens: int,
                 block_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """A copy of a request's KV in host memory; None where it died with its device's worker."""
+        """A copy of a request's KV in host memory; None where it died with its device's worker
+        (or with the model, dropped with a device lost)."""
+        model = self.models.get((pool[0], device))
+        if model is None:
+            return None
         try:
-            kv = self.models[(pool[0], device)].read_kv(pool, slots_of(table, tokens, block_tokens))
+            kv = model.read_kv(pool, slots_of(table, tokens, block_tokens))
         except WorkerLost:
             return None
         self.loans.kv_moved_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in kv)
@@ -554,7 +558,10 @@ class ModelSteps:
                    num_blocks: int, table: tuple[int, ...], block_tokens: int) -> None:
         slots = slots_of(table, saved[0][0].shape[0], block_tokens)
         try:
-            self.models[(pool[0], device)].write_kv(pool, num_blocks, block_tokens, slots, saved)
+            # a home replica whose model is not made yet (its first step, or its device's worker
+            # back after a fault, has not come) gets it now, as its first step would
+            model = self.model(pool[0], device)
+            model.write_kv(pool, num_blocks, block_tokens, slots, saved)
         except WorkerLost:  # the replica dies with the device: its requests are recomputed (`replay.faults`)
             return
         with torch.inference_mode():  # the mirrors' masks are inference tensors
