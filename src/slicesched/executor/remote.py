@@ -112,9 +112,6 @@ class DeviceWorker:
     def release_shard(self, tenant: str, block: int) -> None:
         self.wide.release(tenant, block)
 
-    def forget_mirrors(self, tenant: str, lender: int) -> None:
-        self.wide.forget(tenant, lender)
-
     def run_wide(self, tenant: str, inputs: StepInputs, plan: WidePlan) -> tuple[tuple[int, ...], list[float], WideWork]:
         """`run`, the plan's stages tensor-parallel with the lenders' workers (`join_wide`)."""
         t0 = time.perf_counter()

@@ -23,8 +23,7 @@ in sync when it sends them or receives them back, so a slot crosses once per wri
 with attention stages opens with a handshake: home sends its pool's size, each lender makes its
 mirror that size if it is not and answers with the mirror's identity (its process and a
 counter); an identity home has not seen (a mirror made anew: a restarted process, a resized
-pool, shards staged again) makes home take that mirror as empty. The driver also tells home to
-forget a lender's mirror when the lender's shards of the tenant go.
+pool, shards staged again) makes home take that mirror as empty.
 
 Shards: a lender cuts its shards from the tenant's whole model built in its own process's host
 memory from the recipe (`ModelRecipe`: its seed or checkpoint), kept while any of its shards is
@@ -46,8 +45,7 @@ import torch.distributed as dist
 from slicesched.decisions import StepInputs
 from slicesched.executor.collectives import make_group
 from slicesched.executor.serving import PagedModel, StepState, slots_of
-from slicesched.executor.wide import (Mirror, StagedShard, cut_shard, kv_heads_of, q_heads_of, rank_part,
-                                      rank_partial)
+from slicesched.executor.wide import Mirror, StagedShard, cut_shard, rank_kv_heads, rank_part, rank_partial
 
 _SLOTS, _MIRROR, _STALE, _IDX, _KV, _KV_HOME = range(6)  # gloo tags of the messages
 _mirror_ids = itertools.count(1)
@@ -127,13 +125,6 @@ class WorkerWide:
                 self.whole.pop(tenant, None)
                 for key in [k for k in self.mirrors if k[0] == tenant]:
                     del self.mirrors[key], self.mirror_ids[key]
-
-    def forget(self, tenant: str, lender: int) -> None:
-        """As a home: the lender's mirrors of the tenant's pools are gone (its shards were evicted)."""
-        with self.lock:
-            for key in [k for k in self.synced if k[0][0] == tenant and k[1] == lender]:
-                del self.synced[key]
-                self.seen.pop(key, None)
 
     def written(self, pool: tuple, inputs: StepInputs | None = None, slots: torch.Tensor | None = None,
                 layer: int | None = None) -> None:
@@ -243,7 +234,7 @@ class WorkerWide:
         hk, hv = st.pool[layer]
         read = st.layout.read
         for rank, lender in enumerate(plan.order[1:], 1):
-            heads = _kv_heads(model, rank, len(plan.order))
+            heads = rank_kv_heads(model, rank, len(plan.order))
             marks = self._marks(st.key, lender, len(st.pool), hk.shape[0])
             stale = read[~marks[layer][read]].unique()
             pg.send([torch.tensor([len(stale)])], rank, _STALE).wait()
@@ -260,7 +251,7 @@ class WorkerWide:
         hk, hv = st.pool[layer]
         new = st.new
         for rank, lender in enumerate(plan.order[1:], 1):
-            heads = _kv_heads(model, rank, len(plan.order))
+            heads = rank_kv_heads(model, rank, len(plan.order))
             kv = torch.empty(2, len(new), len(heads), hk.shape[-1], dtype=hk.dtype)
             pg.recv([kv], rank, _KV_HOME).wait()
             kv = kv.to(hk.device)
@@ -285,15 +276,11 @@ class WorkerWide:
         (or holds other heads), its identity sent home."""
         size = torch.zeros(1, dtype=torch.long)
         pg.recv([size], 0, _SLOTS).wait()
-        slots, heads = int(size[0]), _kv_heads(whole, rank, degree)
+        slots, heads = int(size[0]), rank_kv_heads(whole, rank, degree)
         with self.lock:
             m = self.mirrors.get(pool)
-            if m is None or m.heads != heads or m.pool[0][0].shape[0] != slots:
-                dev = torch.device(self.torch_device)
-                shape = (slots, len(heads), whole.head_dim)
-                m = self.mirrors[pool] = Mirror(heads, [(torch.empty(shape, dtype=whole.dtype, device=dev),
-                                                         torch.empty(shape, dtype=whole.dtype, device=dev))
-                                                        for _ in whole.inner.layers], [])
+            if not Mirror.fits(m, heads, slots):  # home keeps the marks of what it holds
+                m = self.mirrors[pool] = Mirror.empty(whole, heads, slots, torch.device(self.torch_device), False)
                 self.mirror_ids[pool] = os.getpid() * 1_000_000 + next(_mirror_ids)
             ident = self.mirror_ids[pool]
         pg.send([torch.tensor([ident])], 0, _MIRROR).wait()
@@ -314,10 +301,6 @@ class WorkerWide:
         kv, at = kv.to(dev), idx.to(dev)
         mk[at] = kv[0]
         mv[at] = kv[1]
-
-
-def _kv_heads(model: PagedModel, rank: int, degree: int) -> range:
-    return kv_heads_of(q_heads_of(rank, degree, model.heads), model.heads // model.kv_heads)
 
 
 def _vote(pg, ok: bool) -> bool:

@@ -319,7 +319,7 @@ class ModelSteps:
         self.ex.devices[ev.device].release(have.pop(ev.block), weights=True)
         shard = self.wide.shards.get(key, {}).pop(ev.block, None)
         if isinstance(shard, RemoteShard):
-            self._release_remote(ev.tenant, ev.device, ev.block, last=not self.wide.shards[key])
+            self._release_remote(ev.tenant, ev.device, ev.block)
         if not have:  # nothing of the tenant left there: its model and shards go (its KV pools stay)
             self.charged.pop(key)
             gone = self.models.pop(key, None)
@@ -331,20 +331,14 @@ class ModelSteps:
             for k in [k for k in self.wide.mirrors if k[1] == ev.device and k[0][0] == ev.tenant]:
                 del self.wide.mirrors[k]
 
-    def _release_remote(self, tenant: str, device: int, block: int, last: bool) -> None:
-        """A shard evicted from a lender's worker; with its last one, its homes forget its mirrors."""
+    def _release_remote(self, tenant: str, device: int, block: int) -> None:
+        """A shard evicted from a lender's worker (with its last one, its mirrors go: a mirror
+        made there again is new to home at the next wide step's handshake, `remote_wide.py`)."""
         assert self.workers is not None
         try:
             self.workers.call(device, "release_shard", tenant, block)
         except WorkerLost:  # gone with its process
             pass
-        if not last:
-            return
-        for d in sorted({d for (t, d) in self.models if t == tenant}):
-            try:
-                self.workers.call(d, "forget_mirrors", tenant, device)
-            except WorkerLost:
-                pass
 
     def analytic_bytes(self, tenant: str, block: int, degree: int) -> float:
         """What the GMG counts for a block (the served model's spec, as the driver charged home)."""

@@ -57,6 +57,11 @@ def kv_heads_of(q_heads: range, rep: int) -> range:
     return range(q_heads.start // rep, (q_heads.stop - 1) // rep + 1)
 
 
+def rank_kv_heads(model: PagedModel, rank: int, degree: int) -> range:
+    """The KV heads rank `rank` of `degree` reads (those of its q heads)."""
+    return kv_heads_of(q_heads_of(rank, degree, model.heads), model.heads // model.kv_heads)
+
+
 def cols_of(rank: int, degree: int, width: int) -> range:
     if width % degree:
         raise ValueError(f"an MLP {width} wide does not split over {degree} devices")
@@ -166,7 +171,21 @@ class Mirror:
 
     heads: range
     pool: list[tuple[torch.Tensor, torch.Tensor]]
-    synced: list[torch.Tensor]  # per layer, bool [slots]
+    synced: list[torch.Tensor]  # per layer, bool [slots] (empty where home keeps them: device workers)
+
+    @staticmethod
+    def fits(m: "Mirror | None", heads: range, slots: int) -> bool:
+        """Does `m` hold these KV heads of a pool of `slots` slots?"""
+        return m is not None and m.heads == heads and m.pool[0][0].shape[0] == slots
+
+    @classmethod
+    def empty(cls, model: PagedModel, heads: range, slots: int, device: torch.device, synced: bool) -> "Mirror":
+        """A mirror holding nothing yet, on `device` (`synced`: with its own per-slot marks)."""
+        shape = (slots, len(heads), model.head_dim)
+        layers = len(model.inner.layers)
+        return cls(heads, [(torch.empty(shape, dtype=model.dtype, device=device),
+                            torch.empty(shape, dtype=model.dtype, device=device)) for _ in range(layers)],
+                   [torch.zeros(slots, dtype=torch.bool) for _ in range(layers)] if synced else [])
 
 
 @dataclass(slots=True)
@@ -328,16 +347,12 @@ def _to_rank(st: StepState, device: torch.device) -> StepState:
 
 def _mirror(ctx: WideContext, model: PagedModel, st: StepState, rank: int, degree: int, device: int) -> Mirror:
     key = (st.key, device)
-    heads = kv_heads_of(q_heads_of(rank, degree, model.heads), model.heads // model.kv_heads)
+    heads = rank_kv_heads(model, rank, degree)
     m = ctx.mirrors.get(key)
     slots = st.pool[0][0].shape[0]
-    if m is None or m.heads != heads or m.pool[0][0].shape[0] != slots:
-        dev = ctx.executor.devices[device].torch_device
-        shape = (slots, len(heads), model.head_dim)
-        m = Mirror(heads, [(torch.empty(shape, dtype=model.dtype, device=dev),
-                            torch.empty(shape, dtype=model.dtype, device=dev)) for _ in st.pool],
-                   [torch.zeros(slots, dtype=torch.bool) for _ in st.pool])
-        ctx.mirrors[key] = m
+    if not Mirror.fits(m, heads, slots):
+        m = ctx.mirrors[key] = Mirror.empty(model, heads, slots, ctx.executor.devices[device].torch_device, True)
+    assert m is not None
     return m
 
 
