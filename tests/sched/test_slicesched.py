@@ -5,9 +5,12 @@ placement policy (`sched/slicesched.py`) and the lending policy it uses (`sched/
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slicesched.config import SliceSchedConfig
 from slicesched.cost import make_cost_model
+from slicesched.decisions import TenantDemand
 from slicesched.gmg import BatchShape, GlobalMappingGraph, build_iteration
 from slicesched.hardware import Cluster, Container
 from slicesched.models.spec import model_spec
@@ -16,6 +19,7 @@ from slicesched.replay.slo import isolated_slas
 from slicesched.replay.workload import scenario_trace
 from slicesched.sched import make_scheduler
 from slicesched.sched.interface import GuestStop, ReplicaLoad, SchedulerDecision, ShardLease, SlicePlacement
+from slicesched.sched.lending import lease_fits, lending_layout
 from slicesched.sched.slicesched import SliceScheduler, mlp_slices
 from slicesched.serving import SLA
 from slicesched.sim import SharingModel, Simulator
@@ -507,3 +511,87 @@ def test_settings_come_from_the_scenario_table():
     """)
     s = make_scheduler("slicesched", sc)
     assert s.cfg.lender_slack_frac == 0.25 and s.cfg.min_gain_frac == SliceSchedConfig().min_gain_frac
+
+
+# ---- the containers' layout: hot replicas beside calm ones ---------------------------------------
+PACKED = (("hot", (0, 1)), ("hot", (2, 3)), ("calm", (4,)), ("calm", (5,)), ("calm", (6,)), ("calm", (7,)))
+TWO_NODES_OF_4 = (0, 0, 0, 0, 1, 1, 1, 1)
+
+
+def test_each_hot_replica_is_laid_out_on_a_node_with_calm_devices_to_borrow():
+    out = lending_layout(PACKED, TWO_NODES_OF_4, {"hot": 10.0, "calm": 0.1}, 0.5)
+    hot_nodes = {TWO_NODES_OF_4[devs[0]] for t, devs in out if t == "hot"}
+    assert hot_nodes == {0, 1}  # packed in order, both were on node 0 and no calm device beside them
+    for node in (0, 1):
+        assert sum(1 for t, devs in out if t == "calm" and TWO_NODES_OF_4[devs[0]] == node) == 2
+
+
+def test_one_node_keeps_the_scenarios_layout():
+    assert lending_layout(PACKED, (0,) * 8, {"hot": 10.0, "calm": 0.1}, 0.5) == PACKED
+
+
+def test_the_calmest_replicas_are_laid_out_beside_a_hot_one():
+    default = (("warm", (0,)), ("warm", (1,)), ("warm", (2,)), ("hot", (3, 4)), ("idle", (5,)), ("idle", (6,)),
+               ("idle", (7,)))
+    out = lending_layout(default, TWO_NODES_OF_4, {"hot": 10.0, "warm": 2.0, "idle": 0.0}, 0.5)
+    node = TWO_NODES_OF_4[dict(out)["hot"][0]]
+    beside = sorted(t for t, devs in out if t != "hot" and TWO_NODES_OF_4[devs[0]] == node)
+    assert beside == ["idle", "idle"]  # the two devices its lease borrows: no warm one among them
+
+
+def test_a_calm_replica_whose_devices_cannot_hold_the_hot_ones_shards_is_not_laid_out_beside_it():
+    default = (("hot", (0, 1)), ("full", (2,)), ("full", (3,)), ("idle", (4,)), ("idle", (5,)), ("warm", (6,)),
+               ("warm", (7,)))
+    out = lending_layout(default, TWO_NODES_OF_4, {"hot": 10.0, "full": 0.0, "idle": 1.0, "warm": 2.0}, 0.5,
+                         holds=lambda lender, borrower: lender != "full")
+    node = TWO_NODES_OF_4[dict(out)["hot"][0]]
+    assert sorted(t for t, devs in out if t != "hot" and TWO_NODES_OF_4[devs[0]] == node) == ["idle", "idle"]
+
+
+def test_a_lease_of_a_70b_fits_beside_a_13b_not_beside_a_mixtral():
+    default = (("big", (0, 1, 2, 3)), ("moe", (4, 5)), ("mid", (6, 7)))
+    holds = lease_fits(default, {"big": "llama-3-70b", "moe": "mixtral-8x7b", "mid": "llama-2-13b"}, 72e9, 0.5)
+    assert holds("mid", "big") and not holds("moe", "big")  # ~17.6 GB shards at TP-8; Mixtral's weights fill ~47 GB
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([1, 2, 4])), min_size=1, max_size=10),
+       st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.floats(0, 100)), st.sampled_from([4, 8]),
+       st.sampled_from([0.0, 0.5, 1.0]))
+def test_the_layout_serves_the_same_replicas_on_the_same_devices_each_inside_one_node(sizes, heat, per_node, share):
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i][1])  # packed largest first: each inside a node
+    default, nxt = [None] * len(sizes), 0
+    for i in order:
+        default[i] = (sizes[i][0], tuple(range(nxt, nxt + sizes[i][1])))
+        nxt += sizes[i][1]
+    nodes = tuple(d // per_node for d in range(nxt))
+    default = tuple(default)
+    out = lending_layout(default, nodes, heat, share)
+    assert [(t, len(devs)) for t, devs in out] == [(t, len(devs)) for t, devs in default]
+    assert sorted(d for _, devs in out for d in devs) == list(range(nxt))
+    assert all(len({nodes[d] for d in devs}) == 1 for _, devs in out)
+
+
+HOT_PACKED = HOT_COLD.replace("devices_per_node = 2", "nodes = 2\n    devices_per_node = 4").replace(
+    'name = "hot"\n    model = "llama-2-7b"', 'name = "hot"\n    model = "llama-2-7b"\n    tp = 2\n    replicas = 2').replace(
+    'name = "cold"\n    model = "llama-2-7b"', 'name = "cold"\n    model = "llama-2-7b"\n    replicas = 4')
+
+
+def test_a_scenario_that_places_its_tenants_keeps_its_layout():
+    demand = {"hot": TenantDemand(10.0, 1000, 100), "cold": TenantDemand(0.1, 1000, 100)}
+    default = tuple((t.replace("calm", "cold"), devs) for t, devs in PACKED)
+    pinned = HOT_PACKED.replace("replicas = 2", "replicas = 2\n    devices = [0, 1, 2, 3]", 1)
+    assert make_scheduler("slicesched", scenario(pinned)).deployment(default, demand) == default
+    free = make_scheduler("slicesched", scenario(HOT_PACKED))
+    assert free.deployment(default, demand) != default
+    assert free.deployment(default, None) == default  # no load forecast: nothing to rank by
+
+
+@pytest.mark.parametrize("laid_out", [True, False])
+def test_replay_hot_replicas_packed_on_one_node_borrow_once_laid_out_beside_calm_ones(laid_out):
+    s, d, r = replay(HOT_PACKED + LEASES_ONLY + f"    lending_layout = {str(laid_out).lower()}\n")
+    hot_nodes = {rs.replica.devices[0] // 4 for rs in d.replicas if rs.replica.tenant == "hot"}
+    assert hot_nodes == ({0, 1} if laid_out else {0})
+    assert d.home[4] == ("hot" if laid_out else "cold")  # whose idle slices others harvest there
+    assert (d.loans.shards_staged > 0) == laid_out and (s.report.wide_iterations > 0) == laid_out
+    assert r.stats.ooms == 0 and all(q.finish_s is not None for q in r.requests)

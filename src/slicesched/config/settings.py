@@ -130,6 +130,9 @@ class SliceSchedConfig(_Strict):
     guest_min_forecast: float = Field(1.0, ge=0, le=1e6,
                                       description="a hot tenant gets an overflow replica on calm devices "
                                       "only while its load forecast is at least this many requests per replica")
+    lending_layout: bool = Field(True, description="where the scenario gives no tenant's devices, lay the containers "
+                                 "out so each node mixes hot and calm ones (by the load forecast): a lease stays "
+                                 "inside a node, so hot replicas packed together have nothing to borrow")
     calm_release_s: float = Field(2.0, gt=0, le=MAX_DURATION_S,
                                   description="shards are released after the tenant's home replica "
                                   "has had no request for this long")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from typing import Callable
 
 import numpy as np
@@ -83,8 +84,12 @@ class ReplayDriver:
         self._budgets: dict[tuple[str, int], int | None] = {}  # (tenant, tp) -> decode batch budget
         scheduler.price_with(self.cost)
         default = default_replicas(sc, self.cluster)
-        self.home = {d: t for t, devs in reversed(default) for d in devs}  # first listed tenant wins
         pairs = scheduler.deployment(default, tenant_demands(trace, [t.name for t in sc.tenants]))
+        # each device's home tenant: the deployment's, where a device serves one replica (a
+        # merged pair's devices keep the scenario's first listed tenant)
+        self.home = {d: t for t, devs in reversed(default) for d in devs}
+        served = Counter(d for _, devs in pairs for d in devs)
+        self.home.update({d: t for t, devs in pairs for d in devs if served[d] == 1})
         replicas = [Replica(t, devs, self.cfg[t].pp) for t, devs in pairs]
         if not scheduler.supports_pp and any(r.pp > 1 for r in replicas):
             raise ValueError(f"scheduler '{scheduler.name}' does not serve pipeline-parallel replicas (pp > 1)")

@@ -11,11 +11,13 @@ these methods for `SliceScheduler`; the state they read and change is the schedu
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from slicesched.decisions import TenantDemand
 from slicesched.gmg import BatchShape, build_iteration
 from slicesched.gmg.builder import block_weight_bytes
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
@@ -48,6 +50,98 @@ class Lease:
     mirror_bytes: float = 0.0
     mirror_used: float = 0.0
     interference: float = 0.0  # chance a lent device is busy with its owners' work (recent history)
+
+
+def lending_layout(default: tuple[tuple[str, tuple[int, ...]], ...], device_node: tuple[int, ...],
+                   heat: dict[str, float], hot_share: float,
+                   holds: Callable[[str, str], bool] = lambda lender, borrower: True
+                   ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The same replicas on the same devices, laid out so that each hot replica has calm ones
+    beside it: a lease is tensor parallel inside one node, so a hot replica packed beside other
+    hot ones (or its own siblings) has nothing to borrow. Hot replicas (`heat` at least
+    `hot_share` of the hottest's, as the borrowers are chosen at run time) first, largest first,
+    each on the node with the most room, followed there by the calmest replicas that add up to
+    at most its own size and whose devices can hold its lease's shards (`holds(lender tenant,
+    borrower tenant)`); the rest largest first, each on the node whose replicas carry the least
+    heat. Every replica stays inside one node; where that packing does not fit, the
+    heat-balanced one alone, else `default`."""
+    nodes: dict[int, list[int]] = defaultdict(list)
+    for _, devs in default:
+        for d in devs:
+            nodes[device_node[d]].append(d)
+    if len(nodes) < 2:
+        return default
+    h = {i: heat.get(t, 0.0) for i, (t, _) in enumerate(default)}
+    top = max(h.values())
+    hot = [i for i in h if top > 0 and h[i] >= hot_share * top]
+    return _pack(default, nodes, h, hot, holds) or _pack(default, nodes, h, [], holds) or default
+
+
+def _pack(default: tuple[tuple[str, tuple[int, ...]], ...], nodes: dict[int, list[int]], h: dict[int, float],
+          hot: list[int], holds: Callable[[str, str], bool]) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    """`lending_layout`'s packing with `hot` given lenders beside them; None where it does not fit."""
+    free = {n: sorted(ds) for n, ds in nodes.items()}
+    load = dict.fromkeys(free, 0.0)
+    out = list(default)
+    size = {i: len(devs) for i, (_, devs) in enumerate(default)}
+
+    def put(i: int, n: int) -> None:
+        out[i] = (default[i][0], tuple(free[n][:size[i]]))
+        del free[n][:size[i]]
+        load[n] += h[i] * size[i]
+
+    calm = sorted((i for i in h if i not in hot), key=lambda i: (h[i], i))  # calmest first
+    for i in sorted(hot, key=lambda i: (-size[i], -h[i], i)):
+        n = max(sorted(free), key=lambda n: len(free[n]))
+        if len(free[n]) < size[i]:
+            return None
+        put(i, n)
+        need = size[i]
+        for j in [j for j in calm if holds(default[j][0], default[i][0])]:
+            if size[j] <= min(need, len(free[n])):
+                put(j, n)
+                calm.remove(j)
+                need -= size[j]
+    for i in sorted(calm, key=lambda i: (-size[i], -h[i], i)):
+        fits = [n for n in sorted(free) if len(free[n]) >= size[i]]
+        if not fits:
+            return None
+        put(i, min(fits, key=lambda n: load[n]))
+    return tuple(out)
+
+
+def replica_heat(default: tuple[tuple[str, tuple[int, ...]], ...], models: dict[str, str],
+                 demand: dict[str, TenantDemand]) -> dict[str, float]:
+    """Tenant -> the load forecast's work on each device of one of its replicas: tokens per second
+    (prompt and output) x weight bytes, split over its replicas and their devices (a ranking of
+    hot and calm, not a time)."""
+    count: dict[str, int] = defaultdict(int)
+    for t, _ in default:
+        count[t] += 1
+    out = {}
+    for t, devs in default:
+        d = demand.get(t)
+        if d is None or t not in models:
+            continue
+        weights = float(block_weight_bytes(model_spec(models[t]), 1).sum())
+        out[t] = d.rate_rps / count[t] * (d.mean_prompt + d.mean_output) * weights / len(devs)
+    return out
+
+
+def lease_fits(default: tuple[tuple[str, tuple[int, ...]], ...], models: dict[str, str], capacity: float,
+               lend_frac: float) -> Callable[[str, str], bool]:
+    """`holds(lender, borrower)`: could a device of a `lender` replica, empty of KV, lend room for
+    the shards a lease of a `borrower` replica stages on it (its weights at twice its degree)?"""
+    tp = {t: len(devs) for t, devs in default}
+
+    def per_device(t: str, degree: int) -> float:
+        return float(block_weight_bytes(model_spec(models[t]), degree).sum())
+
+    def holds(lender: str, borrower: str) -> bool:
+        if lender not in models or borrower not in models:
+            return False
+        return lend_frac * (capacity - per_device(lender, tp[lender])) >= per_device(borrower, 2 * tp[borrower])
+    return holds
 
 
 class LendingMixin:

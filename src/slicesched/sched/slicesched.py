@@ -42,17 +42,20 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from slicesched.config.settings import SliceSchedConfig
+from slicesched.decisions import TenantDemand
 from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.gmg.ops import Grain, IterationGraph
 from slicesched.models.spec import model_spec
+from slicesched.sched.baselines import Replicas
 from slicesched.sched.interface import (SCHEDULERS, GuestStart, GuestStop, PlacementView, Scheduler,
                                         SchedulerDecision, ShardRelease, ShardStage, SlicePlacement, StepOutcome)
-from slicesched.sched.lending import Lease, LendingMixin
+from slicesched.sched.lending import Lease, LendingMixin, lease_fits, lending_layout, replica_heat
 from slicesched.sched.policies import Deadline, PredictedTTFT, TPOTBudget
 from slicesched.sim.placement import placement_runs
 
@@ -132,10 +135,13 @@ class SliceScheduler(LendingMixin, Scheduler):
 
     def __init__(self, models: dict[str, str] | None = None, config: SliceSchedConfig | None = None, *,
                  capacity_bytes: float | np.ndarray = 80e9, grain: Grain = Grain.BLOCK,
-                 chunk_tokens: dict[str, int] | None = None) -> None:
+                 chunk_tokens: dict[str, int] | None = None, device_node: tuple[int, ...] | None = None) -> None:
         """`grain`: the replay's slice grain; `chunk_tokens`: each tenant's largest prefill chunk
-        (its `max_batch_tokens`), which bound how long a guest's slice holds a lender's device."""
+        (its `max_batch_tokens`), which bound how long a guest's slice holds a lender's device;
+        `device_node`: each device's node where the scenario leaves the containers' layout free
+        (None: no tenant's devices or node group given)."""
         self.models = models or {}
+        self.device_node = device_node
         self.grain, self.chunk_tokens = grain, chunk_tokens or {}
         self._slice_s: dict[tuple, float] = {}  # (tenant, tp, device type) -> a guest's longest slice
         self.cfg = config or SliceSchedConfig()
@@ -160,7 +166,17 @@ class SliceScheduler(LendingMixin, Scheduler):
         cap = scenario.cluster.memory_per_device() * scenario.replay.gpu_memory_utilization
         return cls({t.name: t.spec() for t in scenario.tenants}, scenario.schedulers.slicesched, capacity_bytes=cap,
                    grain=Grain[scenario.replay.grain.upper()],
-                   chunk_tokens={t.name: t.max_batch_tokens for t in scenario.tenants})
+                   chunk_tokens={t.name: t.max_batch_tokens for t in scenario.tenants},
+                   device_node=_free_layout(scenario))
+
+    def deployment(self, default: Replicas, demand: Mapping[str, TenantDemand] | None = None) -> Replicas:
+        """The scenario's containers, each hot one on a node with calm ones to borrow from
+        (`lending_layout`), where the scenario leaves the layout free and the load forecast is known."""
+        if not self.cfg.lending_layout or self.device_node is None or not demand:
+            return default
+        heat = replica_heat(default, self.models, dict(demand))
+        holds = lease_fits(default, self.models, float(np.min(self.capacity_bytes)), self.cfg.lend_frac)
+        return lending_layout(default, self.device_node, heat, self.cfg.borrower_share, holds)
 
     def run_report(self) -> dict[str, float]:
         return self.report.as_dict()
@@ -394,3 +410,12 @@ class SliceScheduler(LendingMixin, Scheduler):
         pred = fork.simulate(horizon, stop_after=watch)
         self.report.whatif_s += time.perf_counter() - t0
         return pred
+
+
+def _free_layout(scenario) -> tuple[int, ...] | None:
+    """Each device's node, if the scenario leaves SliceScheduler to lay its containers out: no
+    tenant's devices or node group given, one kind of server."""
+    c = scenario.cluster
+    if c.node_groups or any(t.devices is not None or t.node_group is not None for t in scenario.tenants):
+        return None
+    return tuple(d // c.devices_per_node for d in range(c.num_devices))
