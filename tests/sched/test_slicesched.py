@@ -530,6 +530,10 @@ def test_one_node_keeps_the_scenarios_layout():
     assert lending_layout(PACKED, (0,) * 8, {"hot": 10.0, "calm": 0.1}, 0.5) == PACKED
 
 
+def test_no_load_known_keeps_the_scenarios_layout():
+    assert lending_layout(PACKED, TWO_NODES_OF_4, {"hot": 0.0, "calm": 0.0}, 0.5) == PACKED
+
+
 def test_the_calmest_replicas_are_laid_out_beside_a_hot_one():
     default = (("warm", (0,)), ("warm", (1,)), ("warm", (2,)), ("hot", (3, 4)), ("idle", (5,)), ("idle", (6,)),
                ("idle", (7,)))

@@ -69,11 +69,11 @@ def lending_layout(default: tuple[tuple[str, tuple[int, ...]], ...], device_node
     for _, devs in default:
         for d in devs:
             nodes[device_node[d]].append(d)
-    if len(nodes) < 2:
-        return default
     h = {i: heat.get(t, 0.0) for i, (t, _) in enumerate(default)}
     top = max(h.values())
-    hot = [i for i in h if top > 0 and h[i] >= hot_share * top]
+    if len(nodes) < 2 or top <= 0:  # one node, or no load known: nothing to gain by moving
+        return default
+    hot = [i for i in h if h[i] >= hot_share * top]
     return _pack(default, nodes, h, hot, holds) or _pack(default, nodes, h, [], holds) or default
 
 
