@@ -24,7 +24,7 @@ from slicesched.gmg.graph import GlobalMappingGraph, SliceState
 from slicesched.hardware.specs import link_spec
 from slicesched.models.spec import model_spec
 from slicesched.serving.sla import REFERENCE_PROMPT
-from slicesched.sched.baselines import tp_ok
+from slicesched.sched.baselines import Replicas, tp_ok
 from slicesched.sched.interface import (GuestStart, GuestStop, ReplicaLoad, SchedulerDecision, ShardLease, ShardRelease,
                                         ShardStage)
 
@@ -52,10 +52,10 @@ class Lease:
     interference: float = 0.0  # chance a lent device is busy with its owners' work (recent history)
 
 
-def lending_layout(default: tuple[tuple[str, tuple[int, ...]], ...], device_node: tuple[int, ...],
+def lending_layout(default: Replicas, device_node: tuple[int, ...],
                    heat: dict[str, float], hot_share: float,
                    holds: Callable[[str, str], bool] = lambda lender, borrower: True
-                   ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+                   ) -> Replicas:
     """The same replicas on the same devices, laid out so that each hot replica has calm ones
     beside it: a lease is tensor parallel inside one node, so a hot replica packed beside other
     hot ones (or its own siblings) has nothing to borrow. Hot replicas (`heat` at least
@@ -77,8 +77,8 @@ def lending_layout(default: tuple[tuple[str, tuple[int, ...]], ...], device_node
     return _pack(default, nodes, h, hot, holds) or _pack(default, nodes, h, [], holds) or default
 
 
-def _pack(default: tuple[tuple[str, tuple[int, ...]], ...], nodes: dict[int, list[int]], h: dict[int, float],
-          hot: list[int], holds: Callable[[str, str], bool]) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+def _pack(default: Replicas, nodes: dict[int, list[int]], h: dict[int, float],
+          hot: list[int], holds: Callable[[str, str], bool]) -> Replicas | None:
     """`lending_layout`'s packing with `hot` given lenders beside them; None where it does not fit."""
     free = {n: sorted(ds) for n, ds in nodes.items()}
     load = dict.fromkeys(free, 0.0)
@@ -110,7 +110,7 @@ def _pack(default: tuple[tuple[str, tuple[int, ...]], ...], nodes: dict[int, lis
     return tuple(out)
 
 
-def replica_heat(default: tuple[tuple[str, tuple[int, ...]], ...], models: dict[str, str],
+def replica_heat(default: Replicas, models: dict[str, str],
                  demand: dict[str, TenantDemand]) -> dict[str, float]:
     """Tenant -> the load forecast's work on each device of one of its replicas: tokens per second
     (prompt and output) x weight bytes, split over its replicas and their devices (a ranking of
@@ -119,7 +119,7 @@ def replica_heat(default: tuple[tuple[str, tuple[int, ...]], ...], models: dict[
     for t, _ in default:
         count[t] += 1
     out = {}
-    for t, devs in default:
+    for t, devs in dict(default).items():  # one per tenant: its replicas share a size
         d = demand.get(t)
         if d is None or t not in models:
             continue
@@ -128,7 +128,7 @@ def replica_heat(default: tuple[tuple[str, tuple[int, ...]], ...], models: dict[
     return out
 
 
-def lease_fits(default: tuple[tuple[str, tuple[int, ...]], ...], models: dict[str, str], capacity: float,
+def lease_fits(default: Replicas, models: dict[str, str], capacity: float,
                lend_frac: float) -> Callable[[str, str], bool]:
     """`holds(lender, borrower)`: could a device of a `lender` replica, empty of KV, lend room for
     the shards a lease of a `borrower` replica stages on it (its weights at twice its degree)?"""
