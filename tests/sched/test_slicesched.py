@@ -2,6 +2,7 @@
 what-if forks keep staging within memory and loans within the lender's SLA slack. Covers the
 placement policy (`sched/slicesched.py`) and the lending policy it uses (`sched/lending.py`)."""
 
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -92,7 +93,8 @@ def test_shards_of_the_mlp_blocks_are_staged_on_the_idle_device():
     assert st.bytes_per_device == pytest.approx(full / 2, rel=0.01)  # its shard at tensor parallel 2
     # room for a mirror of the KV heads of the shard: half of the replica's pool, within lend_frac
     pool = HOT_BUSY.kv_free_bytes / (1 - HOT_BUSY.kv_used_frac)
-    assert st.kv_mirror_bytes == pytest.approx(min(pool / 2, COLD_IDLE.kv_free_bytes * 0.5 - st.bytes_per_device))
+    lend = SliceSchedConfig().lend_frac
+    assert st.kv_mirror_bytes == pytest.approx(min(pool / 2, COLD_IDLE.kv_free_bytes * lend - st.bytes_per_device))
 
 
 def test_no_shards_are_staged_where_the_backend_runs_no_shard_loans():
@@ -109,7 +111,7 @@ def test_a_lender_keeps_headroom_for_its_recent_kv_peak():
     assert s.schedule(g, sim.now).shard_stages == ()  # busy: no lender
     s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))  # idle again, its pool free, its peak 30% a moment ago
     (st,) = s.schedule(g, sim.now + 1e-3).shard_stages
-    lendable = 0.5 * (55e9 - 2.0 * 0.3 * 55e9)  # lend_frac of what is free beyond twice the peak
+    lendable = SliceSchedConfig().lend_frac * (55e9 - 2.0 * 0.3 * 55e9)  # of what is free beyond twice the peak
     assert st.kv_mirror_bytes == pytest.approx(lendable - st.bytes_per_device)
 
 
@@ -327,7 +329,7 @@ def test_an_overflow_replica_is_staged_on_a_calm_device_of_another_node():
     assert (gs.tenant, gs.devices) == ("hot", (1,)) and not gs.prefill_only  # a calm lender: it decodes too
     assert all(c.src_device == -1 for c in gs.weight_copies(3))  # from host memory
     weights = g.resident["hot"][:, 0].sum()  # its whole replica at its own degree
-    assert gs.kv_bytes == pytest.approx(COLD_IDLE.kv_free_bytes * 0.5 - weights)
+    assert gs.kv_bytes == pytest.approx(COLD_IDLE.kv_free_bytes * SliceSchedConfig().lend_frac - weights)
 
 
 def test_a_whole_overflow_replica_on_a_calm_device_comes_before_a_lease_of_it():
@@ -374,19 +376,25 @@ def test_no_overflow_replica_on_a_busy_lender():
     assert s.schedule(g, sim.now).guest_starts == ()
 
 
-def test_the_overflow_replica_leaves_at_once_when_its_lender_queues_requests_again():
-    """Running requests of its own do not take the device back, a queued one does, at the next
-    check and without draining (a guest shares the device for as long as it runs), before the
+def test_the_overflow_replica_leaves_at_once_when_its_lenders_requests_stay_queued():
+    """Running requests of its own do not take the device back, nor does an arrival queued for
+    one check (it waits for the next iteration boundary); one still queued at the next check
+    does, without draining (a guest shares the device for as long as it runs), before the
     lender's slow load forecast has moved."""
     g, sim = two_tenants(nodes=2, per_node=1)
     s = scheduler(guests=True)
     guest = ReplicaLoad("hot", (1,), 0, 3, False, g.cluster.group_id((1,)), True, 0.1, 20e9)
     few = ReplicaLoad("cold", (1,), 0, 2, False, 1, False, 0.01, 20e9)
     s.attach(View(sim, [HOT_BUSY, few, guest]))
-    assert all(s.schedule(g, sim.now + i * 1e-3).guest_stops == () for i in range(40))
+    assert all(s.schedule(g, sim.now + i * 0.05).guest_stops == () for i in range(10))
     queued = ReplicaLoad("cold", (1,), 1, 2, False, 1, False, 0.01, 20e9)
     s.attach(View(sim, [HOT_BUSY, queued, guest]))
-    assert s.schedule(g, sim.now + 0.1).guest_stops == (GuestStop("hot", (1,), drain=False),)
+    assert s.schedule(g, sim.now + 0.5).guest_stops == ()  # queued at one check
+    s.attach(View(sim, [HOT_BUSY, few, guest]))
+    assert s.schedule(g, sim.now + 0.55).guest_stops == ()  # admitted by the next
+    s.attach(View(sim, [HOT_BUSY, queued, guest]))
+    assert s.schedule(g, sim.now + 0.6).guest_stops == ()
+    assert s.schedule(g, sim.now + 0.65).guest_stops == (GuestStop("hot", (1,), drain=False),)
 
 
 def _slices_s(shape):
@@ -408,18 +416,40 @@ def test_on_spatially_shared_devices_a_busy_lender_hosts_an_overflow_replica_of_
     assert _slices_s(BatchShape.prefill(chunk)).max() <= bound < _slices_s(BatchShape.prefill(2 * chunk)).max()
 
 
-def test_a_prefill_only_overflow_replica_needs_kv_for_one_whole_context_not_a_quarter_of_its_homes_pool():
-    """It holds prompts only until each goes home: a lender with less KV to spare than a whole
-    guest would need still hosts it."""
-    big_pool = ReplicaLoad("hot", (0,), 6, 30, False, 0, False, 0.1, 200e9)  # a quarter: 55 GB, above what cold lends
-    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel())
-    whole = scheduler(guests=True, guest_prefill_only=False)
-    whole.attach(View(sim, [big_pool, COLD_BUSY]))
-    assert whole.schedule(g, sim.now).guest_starts == ()
+def test_on_devices_running_one_slice_at_a_time_the_overflow_replica_keeps_its_slices_short_too():
+    """A calm lender's own arrivals wait for at most one of the guest's slices: its prefill chunk
+    is halved until each slice takes at most a quarter of the owner's decode step alone."""
+    g, sim = two_tenants(nodes=2, per_node=1)
     s = scheduler(guests=True)
-    s.attach(View(sim, [big_pool, COLD_BUSY]))
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
     (gs,) = s.schedule(g, sim.now).guest_starts
-    assert gs.prefill_only and gs.kv_bytes >= M.kv_bytes_per_token() * M.max_context
+    assert not gs.prefill_only and gs.max_batch_tokens is not None
+    bound = 0.25 * _slices_s(BatchShape.decode(1, 1024)).sum()
+    chunk = gs.max_batch_tokens
+    assert _slices_s(BatchShape.prefill(chunk)).max() <= bound < _slices_s(BatchShape.prefill(2 * chunk)).max()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_an_overflow_replica_needs_kv_for_one_whole_context_not_a_quarter_of_its_homes_pool(shared):
+    """Room for any prompt its home takes is enough to serve (arrivals go where they fit): a
+    lender with less KV to spare than a quarter of a big home pool hosts it, with all it lends;
+    one with less than a whole context does not."""
+    big_pool = ReplicaLoad("hot", (0,), 6, 30, False, 0, False, 0.1, 200e9)  # a quarter: 55 GB, above what cold lends
+    g, sim = two_tenants(nodes=2, per_node=1, sharing=SharingModel() if shared else None)
+    lender = COLD_BUSY if shared else COLD_IDLE
+    s = scheduler(guests=True)
+    s.attach(View(sim, [big_pool, lender]))
+    (gs,) = s.schedule(g, sim.now).guest_starts
+    whole_context = M.kv_bytes_per_token() * M.max_context
+    weights = g.resident["hot"][:, 0].sum()
+    assert gs.prefill_only == shared and whole_context <= gs.kv_bytes < 55e9
+    headroom = 2 * lender.kv_used_frac * lender.kv_free_bytes / (1 - lender.kv_used_frac)  # twice its peak use
+    assert gs.kv_bytes == pytest.approx(SliceSchedConfig().lend_frac * (lender.kv_free_bytes - headroom) - weights)
+    free = (weights + 0.5 * whole_context) / SliceSchedConfig().lend_frac  # lends less than a whole context
+    short = replace(lender, kv_free_bytes=free)
+    s = scheduler(guests=True)
+    s.attach(View(sim, [big_pool, short]))
+    assert s.schedule(g, sim.now).guest_starts == ()
 
 
 def test_on_spatially_shared_devices_the_overflow_replica_stays_when_its_lender_queues_requests():

@@ -117,7 +117,7 @@ class SliceSchedConfig(_Strict):
     lender_max_load: int = Field(0, ge=0, le=1_000_000,
                                  description="a replica lends devices only with at most this many "
                                  "requests of its own")
-    lend_frac: float = Field(0.5, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
+    lend_frac: float = Field(0.7, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
                              "staged shards")
     kv_headroom: float = Field(2.0, ge=0, le=100, description="a lender keeps this many times its peak KV use (over "
                                "kv_peak_window_s) before lending any of its free pool")

@@ -161,6 +161,10 @@ class LendingMixin:
         for r in loads:
             if r.waiting + r.running or r.group not in self._last_busy:
                 self._last_busy[r.group] = now
+            if r.waiting > self.cfg.lender_max_load:
+                self._queued_since.setdefault(r.group, now)
+            else:
+                self._queued_since.pop(r.group, None)
             seen = self._kv_seen.setdefault(r.group, deque())
             seen.append((now, r.kv_used_frac))
             while seen[0][0] < now - self.cfg.kv_peak_window_s:
@@ -332,7 +336,8 @@ class LendingMixin:
             # for as long as it runs (azure x10.8: a guest on a code tenant's device through its burst;
             # draining its long conversations took seconds)
             need = self._lenders_need_back(g.tenant, g.devices, loads) or not shared and any(
-                o.waiting > self.cfg.lender_max_load for o in loads if not set(o.devices).isdisjoint(g.devices))
+                now - self._queued_since.get(o.group, now) >= self.cfg.check_interval_s
+                for o in loads if not set(o.devices).isdisjoint(g.devices))
             # hysteresis under the start rule: a restart copies the whole replica again
             calm = fc.get(g.tenant, 0.0) < 0.5 * max(self.cfg.borrower_share * top, self.cfg.guest_min_forecast)
             if need or calm:
@@ -381,19 +386,20 @@ class LendingMixin:
                    idle: np.ndarray, shared: bool = False) -> GuestStart | None:
         tp = len(r.devices)
         fc = self._forecast
-        chunk = self._guest_chunks(gmg, r.tenant, tp, cands) if shared else {}
-        # one slice at a time: calm devices mostly idle; shared: any device where the guest's
-        # slices can stay short beside its owner's
+        # the guest's slices stay short beside its owner's (a long one holds the device, or its
+        # SMs, when the owner's next iteration wants it); one slice at a time: calm devices
+        # mostly idle too
+        chunk = self._guest_chunks(gmg, r.tenant, tp, cands)
         owner = {d: o for o in cands for d in o.devices
-                 if (d in chunk if shared else idle[d] >= self.cfg.min_idle_share)}
+                 if d in chunk and (shared or idle[d] >= self.cfg.min_idle_share)}
         model = model_spec(self.models[r.tenant])
         blocks = block_weight_bytes(model, tp)
         weights = float(blocks.sum())
         pool = _pool_bytes(r)
         prefill_only = shared and self.cfg.guest_prefill_only
-        need = 0.25 * pool  # KV for a share of what home holds; prompts only until each goes home: one whole context
-        if prefill_only:
-            need = min(need, model.kv_bytes_per_token() / tp * (model.max_context or 32768))
+        # room for one whole context (any prompt its home takes) or a quarter of home's pool; it
+        # gets all the owners lend beyond that
+        need = min(0.25 * pool, model.kv_bytes_per_token() / tp * (model.max_context or 32768))
         best = None
         for node in sorted({gmg.cluster.device_node[d] for d in owner}):
             devs = sorted((d for d in owner if gmg.cluster.device_node[d] == node and d not in taken),
@@ -407,10 +413,10 @@ class LendingMixin:
             if best is None or key < best[0]:
                 # weights from the host cache: a copy out of the home replica would slow its own
                 # work for as long as it streams (servegen x0.839 seed 1: 11 more violations)
-                budget = min((chunk[d] for d in devs), default=None) if shared else None
+                budget = min(chunk[d] for d in devs)
                 full = self.chunk_tokens.get(r.tenant)
                 best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool),
-                                        budget if budget is not None and (full is None or budget < full) else None,
+                                        budget if full is None or budget < full else None,
                                         prefill_only=prefill_only))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None

@@ -30,8 +30,11 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
   serves more than a loan of the same devices): a hot tenant (forecast at least
   `guest_min_forecast`) gets a `GuestStart` for each of its home replicas that has none, its
   whole replica at its own degree on calm devices of any one node (the lender rules; weights
-  from host memory; memory what-if first); the driver routes arrivals there by predicted TTFT
-  once its weights are resident; it drains by the lease rules or when its tenant calms. Leases
+  from host memory plus KV for one whole context within what they lend; memory what-if first;
+  its prefill chunk cut until each slice takes at most `guest_slice_frac` of the owner's decode
+  step); the driver routes arrivals there by predicted TTFT once its weights are resident; it
+  leaves at once when a lender's own requests stay queued over two checks, and drains by the
+  lease rules or when its tenant calms. Leases
   take the calm devices left (or those whose free memory holds shards but not a whole replica). No lease or guest before a whole
   `idle_window_s` of history; lenders keep `kv_headroom` x their recent peak KV use.
 - The lender has priority: when its own iteration appears the check is re-run and, unless the
@@ -151,6 +154,7 @@ class SliceScheduler(LendingMixin, Scheduler):
         self._leases: dict[int, Lease] = {}  # home group -> lease (resident shards only)
         self._mode: dict[int, tuple[bool, bool]] = {}  # iteration key -> (wide, lender was live)
         self._last_busy: dict[int, float] = {}  # home group -> last time it had requests
+        self._queued_since: dict[int, float] = {}  # home group -> first check of its requests' current queue
         self._releasing: set[int] = set()  # home groups whose lease is being given back
         self._next_check = 0.0
         self._whatif_budget = 0  # memory what-ifs left in this lease check
