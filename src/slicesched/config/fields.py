@@ -19,6 +19,7 @@ MAX_DURATION_S = 7 * 86400.0
 MAX_RATE_SCALE = 1e4
 MAX_TOKENS = 1 << 20  # token lengths, budgets
 MAX_SEQS = 1 << 16  # sequences in one batch
+LENDER_KV_KEPT = 0.25  # share of its KV pool a lender always keeps: the replay lends no more
 
 RateScale = Annotated[float, Field(gt=0, le=MAX_RATE_SCALE)]
 

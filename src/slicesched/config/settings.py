@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from slicesched.config.fields import MAX_DURATION_S, MAX_SEQS, DeviceName
+from slicesched.config.fields import LENDER_KV_KEPT, MAX_DURATION_S, MAX_SEQS, DeviceName
 from slicesched.config.fields import Strict as _Strict
 
 class ReallocConfig(_Strict):
@@ -117,8 +117,9 @@ class SliceSchedConfig(_Strict):
     lender_max_load: int = Field(0, ge=0, le=1_000_000,
                                  description="a replica lends devices only with at most this many "
                                  "requests of its own")
-    lend_frac: float = Field(0.7, gt=0, le=1, description="at most this share of a lender's free KV pool holds "
-                             "staged shards")
+    lend_frac: float = Field(0.7, gt=0, le=1 - LENDER_KV_KEPT, description="at most this share of a lender's free "
+                             "KV pool holds staged shards and overflow replicas (at most 0.75: a lender always "
+                             "keeps a quarter of its pool)")
     kv_headroom: float = Field(2.0, ge=0, le=100, description="a lender keeps this many times its peak KV use (over "
                                "kv_peak_window_s) before lending any of its free pool")
     kv_peak_window_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="window of a lender's KV use history")

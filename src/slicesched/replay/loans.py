@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from slicesched.config.fields import LENDER_KV_KEPT
 from slicesched.decisions import (GuestStart, GuestStop, SchedulerDecision, ShardLease, ShardRelease, ShardStage,
                                   WeightEviction)
 from slicesched.gmg import block_weight_bytes
@@ -99,7 +100,7 @@ class Loans:
 
     def borrow(self, devs: tuple[int, ...], nbytes: float) -> list[tuple[ReplicaState, int]] | None:
         """Lend `nbytes` per device from the free KV blocks of each device's owner replica, all
-        or nothing; owners keep at least a quarter of their pool."""
+        or nothing; owners keep at least `LENDER_KV_KEPT` (a quarter) of their pool."""
         plan = []
         for d in devs:
             owner = self.drv.fleet.owner_of(d)
@@ -110,7 +111,7 @@ class Loans:
             block_bytes = BLOCK_TOKENS * owner.kv_bytes_per_token
             n = int(math.ceil(nbytes / block_bytes))
             kv = owner.engine.kv
-            if n > kv.num_free or kv.num_blocks - n < kv.num_blocks // 4:
+            if n > kv.num_free or kv.num_blocks - n < int(LENDER_KV_KEPT * kv.num_blocks):
                 return None
             plan.append((owner, n))
         for owner, n in plan:
