@@ -422,4 +422,4 @@ def _free_layout(scenario) -> tuple[int, ...] | None:
     c = scenario.cluster
     if c.node_groups or any(t.devices is not None or t.node_group is not None for t in scenario.tenants):
         return None
-    return tuple(d // c.devices_per_node for d in range(c.num_devices))
+    return tuple(int(n) for n in c.build().device_node)
