@@ -429,6 +429,17 @@ def test_on_devices_running_one_slice_at_a_time_the_overflow_replica_keeps_its_s
     assert _slices_s(BatchShape.prefill(chunk)).max() <= bound < _slices_s(BatchShape.prefill(2 * chunk)).max()
 
 
+
+def test_on_devices_running_one_slice_at_a_time_a_lender_too_quick_for_any_short_chunk_still_hosts():
+    """Where even the smallest chunk's slice outlasts the bound (a small lender's decode step
+    beside a big guest's prefill), the calm lender hosts the guest at its own chunk: its device
+    is mostly idle, so a long slice delays few of the owner's iterations."""
+    g, sim = two_tenants(nodes=2, per_node=1)
+    s = scheduler(guests=True, guest_slice_frac=1e-6)
+    s.attach(View(sim, [HOT_BUSY, COLD_IDLE]))
+    (gs,) = s.schedule(g, sim.now).guest_starts
+    assert (gs.tenant, gs.devices, gs.max_batch_tokens) == ("hot", (1,), None)
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_an_overflow_replica_needs_kv_for_one_whole_context_not_a_quarter_of_its_homes_pool(shared):
     """Room for any prompt its home takes is enough to serve (arrivals go where they fit): a

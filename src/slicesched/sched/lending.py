@@ -387,11 +387,12 @@ class LendingMixin:
         tp = len(r.devices)
         fc = self._forecast
         # the guest's slices stay short beside its owner's (a long one holds the device, or its
-        # SMs, when the owner's next iteration wants it); one slice at a time: calm devices
-        # mostly idle too
+        # SMs, when the owner's next iteration wants it). Shared devices: only where they can;
+        # one slice at a time: calm devices mostly idle, so where no chunk is short enough (a
+        # small lender beside a big guest) the guest keeps its own chunk
         chunk = self._guest_chunks(gmg, r.tenant, tp, cands)
         owner = {d: o for o in cands for d in o.devices
-                 if d in chunk and (shared or idle[d] >= self.cfg.min_idle_share)}
+                 if (d in chunk if shared else idle[d] >= self.cfg.min_idle_share)}
         model = model_spec(self.models[r.tenant])
         blocks = block_weight_bytes(model, tp)
         weights = float(blocks.sum())
@@ -413,10 +414,10 @@ class LendingMixin:
             if best is None or key < best[0]:
                 # weights from the host cache: a copy out of the home replica would slow its own
                 # work for as long as it streams (servegen x0.839 seed 1: 11 more violations)
-                budget = min(chunk[d] for d in devs)
+                budget = min(chunk[d] for d in devs) if all(d in chunk for d in devs) else None
                 full = self.chunk_tokens.get(r.tenant)
                 best = (key, GuestStart(r.tenant, tuple(sorted(devs)), min(kv, pool),
-                                        budget if full is None or budget < full else None,
+                                        budget if budget is not None and (full is None or budget < full) else None,
                                         prefill_only=prefill_only))
         if best is None or not self._memory_safe(best[1].devices, best[1].weight_copies(len(blocks)), best[1].kv_bytes):
             return None
@@ -427,7 +428,7 @@ class LendingMixin:
         """Device -> the guest's largest prefill chunk beside that device's owner: each of its
         slices at most `guest_slice_frac` of the owner's decode step alone (a long guest slice
         holds SMs the owner's next iteration wants); devices where even `MIN_GUEST_CHUNK` tokens
-        take longer are left out."""
+        take longer have none."""
         out = {}
         for o in cands:
             for d in o.devices:

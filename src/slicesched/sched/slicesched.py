@@ -32,7 +32,7 @@ Policy (v2), on top of `dedicated` (see ARCHITECTURE.md):
   whole replica at its own degree on calm devices of any one node (the lender rules; weights
   from host memory plus KV for one whole context within what they lend; memory what-if first;
   its prefill chunk cut until each slice takes at most `guest_slice_frac` of the owner's decode
-  step); the driver routes arrivals there by predicted TTFT once its weights are resident; it
+  step, where some chunk can); the driver routes arrivals there by predicted TTFT once its weights are resident; it
   leaves at once when a lender's own requests stay queued over two checks, and drains by the
   lease rules or when its tenant calms. Leases
   take the calm devices left (or those whose free memory holds shards but not a whole replica). No lease or guest before a whole
