@@ -57,7 +57,9 @@ def burst(tmp_path_factory):
     within a lease check (a guest leaves for requests queued over two checks, not for one
     arrival) and its forecast stayed under the lease rules' mark, so the guest stayed."""
     path = tmp_path_factory.mktemp("burst") / "loans_burst.toml"
-    path.write_text(LOANS.read_text().replace("multipliers = [0.02, 3]", "multipliers = [0.02, 12]"))
+    shipped = LOANS.read_text()
+    assert "multipliers = [0.02, 3]" in shipped  # the burst this fixture strengthens
+    path.write_text(shipped.replace("multipliers = [0.02, 3]", "multipliers = [0.02, 12]"))
     return real_setup(load_scenario(path), tmp_path_factory.mktemp("served-burst"))
 
 
